@@ -1,0 +1,103 @@
+"""The fork's build settings: `[tool.vllm-fork]` in pyproject.toml plus the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+TARGET_ENV = "VLLM_TARGET_DEVICE"
+BASE_WHEEL_ENV = "VLLM_FORK_BASE_WHEEL"
+CACHE_DIR_ENV = "VLLM_FORK_CACHE_DIR"
+OFFLINE_ENV = "VLLM_FORK_OFFLINE"
+SKIP_PATCHES_ENV = "VLLM_FORK_SKIP_PATCHES"
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    dist: str
+    version: str
+    filename: str
+    sha256: str
+    local_version: str
+    requires_dist_rewrite: tuple[tuple[str, str], ...]
+
+    @property
+    def wheel_tag(self) -> str:
+        # name-version[-build]-python-abi-platform.whl
+        return "-".join(self.filename[: -len(".whl")].split("-")[-3:])
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkConfig:
+    root: Path
+    release: int
+    version_prefix: str
+    default_target: str
+    targets: dict[str, Target]
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def overlay_dir(self) -> Path:
+        return self.root / "vllm"
+
+    def target(self, name: str | None = None) -> Target:
+        name = name or os.environ.get(TARGET_ENV) or self.default_target
+        if name not in self.targets:
+            raise ConfigError(
+                f"unknown build target {name!r} (from {TARGET_ENV}); "
+                f"valid targets: {', '.join(sorted(self.targets))}"
+            )
+        return self.targets[name]
+
+    def fork_version(self, target: Target, skipped: tuple[str, ...] = ()) -> str:
+        local = [part for part in (target.local_version,) if part]
+        local += [self.version_prefix, str(self.release)]
+        if skipped:
+            local += ["without"] + list(skipped)
+        return f"{target.version}+{'.'.join(local)}"
+
+
+def load(root: Path | None = None) -> ForkConfig:
+    root = (root or Path(__file__).resolve().parent.parent).resolve()
+    with open(root / "pyproject.toml", "rb") as f:
+        table = tomllib.load(f)["tool"]["vllm-fork"]
+    targets = {
+        name: Target(
+            name=name,
+            dist=spec["dist"],
+            version=spec["version"],
+            filename=spec["filename"],
+            sha256=spec["sha256"].lower(),
+            local_version=spec.get("local-version", ""),
+            requires_dist_rewrite=tuple(tuple(pair) for pair in spec.get("requires-dist-rewrite", [])),
+        )
+        for name, spec in table["targets"].items()
+    }
+    return ForkConfig(
+        root=root,
+        release=int(table["release"]),
+        version_prefix=table["version-prefix"],
+        default_target=table["default-target"],
+        targets=targets,
+    )
+
+
+def skipped_patches() -> tuple[str, ...]:
+    """Patch numbers to leave out (only for proving that tests need them)."""
+    raw = os.environ.get(SKIP_PATCHES_ENV, "")
+    return tuple(sorted(part.strip() for part in raw.replace(",", " ").split() if part.strip()))
