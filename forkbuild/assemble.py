@@ -168,7 +168,7 @@ def build_wheel(config: ForkConfig, target: Target, out_dir: Path) -> Path:
         metadata = _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), target, version)
         wheel_meta = (
             "Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\n"
-            f"Tag: {target.wheel_tag}\n\n"
+            f"Tag: {target.wheel_tag}\n"
         )
         for leaf, text in (("METADATA", metadata), ("WHEEL", wheel_meta)):
             data = text.encode()

