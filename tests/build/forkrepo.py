@@ -89,7 +89,8 @@ class ForkRepo:
         subprocess.run(git + ["commit", "-qm", "base"], check=True, env=env)
         (work / path).write_bytes(new)
         fields = fields if fields is not None else "Origin: vendor\nForwarded: no\n"
-        subprocess.run(git + ["commit", "-qam", f"{name}\n\nWhy it is needed.\n\n{fields}"], check=True, env=env)
+        subject = name.split("-", 1)[1].replace("-", " ")
+        subprocess.run(git + ["commit", "-qam", f"{subject}\n\nWhy it is needed.\n\n{fields}"], check=True, env=env)
         out = subprocess.run(
             git + ["format-patch", "--zero-commit", "--no-signature", "--full-index", "--stdout", "HEAD~1"],
             check=True, capture_output=True, env=env,

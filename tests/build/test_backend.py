@@ -48,7 +48,7 @@ def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
     patch = (fork_repo.root / "patches" / "0001-add-line.patch").read_bytes()
     assert provenance["patches"] == [{
         "name": "0001-add-line.patch", "sha256": hashlib.sha256(patch).hexdigest(),
-        "subject": "0001-add-line", "origin": "vendor", "applied_upstream": "",
+        "subject": "add line", "origin": "vendor", "applied_upstream": "",
     }]
 
 
