@@ -39,7 +39,7 @@ IDENTITY = {
 FORMAT_PATCH = [
     "-c", "diff.algorithm=myers", "-c", "diff.renames=false", "-c", "format.signature=",
     "format-patch", "--zero-commit", "--no-signature", "--full-index", "--no-color",
-    "--no-renames", "--stat=80",
+    "--no-renames",
 ]
 LOCK_FILE = "patches/release.lock"
 
@@ -91,7 +91,7 @@ def cmd_unpack(args) -> None:
     _git(dest, "commit", "-qm", f"{target.filename} (base)", env=stamp)
     _git(dest, "tag", "base")
     for patch in patching.read_series(cfg.patches_dir):
-        _git(dest, "am", "-q", "--keep-cr", "--committer-date-is-author-date", input=patch.raw)
+        _git(dest, "am", "-q", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date", input=patch.raw)
     print(f"{dest}: base {target.filename} + {len(patching.read_series(cfg.patches_dir))} patches as commits")
 
 
