@@ -1,0 +1,206 @@
+"""Helpers for the CPU end-to-end DFlash tests (imported by conftest.py).
+
+Engines are expensive on 2 cores (~35 s start, ~4 GiB), so at most one is
+alive at a time: :func:`start_llm` shuts down the previous one first.
+Functions that run inside the engine's worker process (via
+``LLM.collective_rpc``) live here and are pickled by value.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import cloudpickle
+import torch
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc(fn)
+
+KV_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+NUM_SPEC_TOKENS = 3
+MAX_MODEL_LEN = 1024
+# Prompt + output cross the CPU default KV block size (128 tokens).
+MAX_TOKENS = 160
+PROMPTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog, again and again and again.",
+    "a",
+    "DFlash drafts a whole block of tokens in one forward pass; " * 2,
+]
+
+_current: dict = {"llm": None, "key": None}
+
+
+def cpu_fp8_kv_skip_reason() -> str | None:
+    """Why this CPU cannot run an fp8 KV cache (None if it can)."""
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        return "fp8 KV cache on CPU needs x86 with AVX-512 or AMX (not present)"
+    return None
+
+
+def skip_if_kv_dtype_unsupported(kv_dtype: str) -> None:
+    import pytest
+
+    if kv_dtype != "auto" and (reason := cpu_fp8_kv_skip_reason()):
+        pytest.skip(reason)
+
+
+def kv_bytes_per_elem(kv_dtype: str, model_dtype: torch.dtype) -> int:
+    return model_dtype.itemsize if kv_dtype == "auto" else 1
+
+
+def shutdown_llm() -> None:
+    llm = _current["llm"]
+    _current["llm"] = _current["key"] = None
+    if llm is None:
+        return
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as e:  # pragma: no cover - best effort
+        print(f"[e2e] engine shutdown raised {e!r}")
+    del llm
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception as e:  # pragma: no cover - best effort
+        print(f"[e2e] cleanup_dist_env_and_memory raised {e!r}")
+
+
+def start_llm(key, **kwargs):
+    """Start an engine (reusing the live one if ``key`` matches)."""
+    if _current["key"] == key and _current["llm"] is not None:
+        return _current["llm"]
+    shutdown_llm()
+    from vllm import LLM
+
+    kwargs.setdefault("dtype", "bfloat16")
+    kwargs.setdefault("max_model_len", MAX_MODEL_LEN)
+    kwargs.setdefault("max_num_seqs", 8)
+    kwargs.setdefault("seed", 0)
+    kwargs.setdefault("enforce_eager", True)
+    kwargs.setdefault("disable_log_stats", False)
+    t0 = time.monotonic()
+    llm = LLM(**kwargs)
+    print(f"[e2e] engine {key} started in {time.monotonic() - t0:.1f} s")
+    _current["llm"], _current["key"] = llm, key
+    return llm
+
+
+def dflash_spec_config(draft_dir: str, **extra) -> dict:
+    cfg = {
+        "method": "dflash",
+        "model": draft_dir,
+        "num_speculative_tokens": NUM_SPEC_TOKENS,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def greedy_params(max_tokens: int = MAX_TOKENS):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def generate_ids(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS):
+    t0 = time.monotonic()
+    outs = llm.generate(list(prompts), greedy_params(max_tokens), use_tqdm=False)
+    dt = time.monotonic() - t0
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    texts = [o.outputs[0].text for o in outs]
+    print(f"[e2e] generated {sum(map(len, ids))} tokens for {len(ids)} prompts in {dt:.2f} s")
+    return ids, texts
+
+
+def spec_metrics(llm) -> dict:
+    """Spec-decode counters from vLLM's metrics (LLM.get_metrics())."""
+    out = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode"):
+            out[m.name] = m.values if hasattr(m, "values") else m.value
+    return out
+
+
+# --------------------------------------------------------------------------
+# Worker-side functions (run in the engine process by collective_rpc)
+# --------------------------------------------------------------------------
+
+
+def _kv_tensor(layer):
+    kv = layer.kv_cache
+    if isinstance(kv, (list, tuple)):
+        kv = kv[0]
+    return kv
+
+
+def worker_kv_state(worker) -> dict:
+    """Per attention layer: KV dtype, cache tensor dtype/shape, KV scales."""
+    runner = worker.model_runner
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    draft_names = set(runner.drafter._draft_attn_layer_names) if hasattr(runner, "drafter") else set()
+    layers = {}
+    for name, layer in ctx.items():
+        if not hasattr(layer, "kv_cache_dtype") or not hasattr(layer, "impl"):
+            continue
+        kv = _kv_tensor(layer)
+        layers[name] = {
+            "role": "draft" if name in draft_names else "target",
+            "kv_cache_dtype": layer.kv_cache_dtype,
+            "impl_kv_cache_dtype": getattr(layer.impl, "kv_cache_dtype", None),
+            "tensor_dtype": str(kv.dtype),
+            "tensor_shape": tuple(kv.shape),
+            "k_scale": float(layer._k_scale_float),
+            "v_scale": float(layer._v_scale_float),
+            "has_k_scale_param": isinstance(getattr(layer, "k_scale", None), torch.nn.Parameter),
+        }
+    cfg = runner.kv_cache_config
+    return {
+        "layers": layers,
+        "num_blocks": int(cfg.num_blocks),
+        "block_size": int(runner.cache_config.block_size),
+        "draft_names": sorted(draft_names),
+    }
+
+
+def worker_install_qsl_probe(worker) -> str:
+    """Record the dtypes the drafter builds in set_inputs_first_pass."""
+    drafter = worker.model_runner.drafter
+    if getattr(drafter, "_e2e_probe", None) is not None:
+        drafter._e2e_probe.clear()
+        return "reset"
+    probe: list = []
+    orig = drafter.set_inputs_first_pass
+
+    def wrapped(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        cad = result[2]
+        probe.append(
+            (
+                str(cad.query_start_loc_cpu.dtype),
+                str(cad.query_start_loc.dtype),
+                cad.query_start_loc_cpu.tolist(),
+            )
+        )
+        return result
+
+    drafter.set_inputs_first_pass = wrapped
+    drafter._e2e_probe = probe
+    return "installed"
+
+
+def worker_read_qsl_probe(worker) -> dict:
+    drafter = worker.model_runner.drafter
+    return {
+        "token_arange_np": str(drafter.token_arange_np.dtype),
+        "arange": str(drafter.arange.dtype),
+        "calls": list(drafter._e2e_probe),
+    }
+
+
+import sys as _sys  # noqa: E402
+
+cloudpickle.register_pickle_by_value(_sys.modules[__name__])

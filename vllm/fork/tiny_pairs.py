@@ -1,0 +1,315 @@
+"""Tiny, seeded Qwen3 target + DFlash drafter pairs, generated locally.
+
+    python -m vllm.fork.tiny_pairs --out DIR [--acceptance none|partial|full]
+                                   [--seed N] [--draft-kv-scales K V]
+
+writes ``DIR/target`` (a ``Qwen3ForCausalLM``) and ``DIR/draft`` (a DFlash
+drafter in the z-lab layout: ``architectures: ["DFlashDraftModel"]``,
+``block_size``, ``num_target_layers``, ``dflash_config: {mask_token_id,
+target_layer_ids}``; its checkpoint has no ``embed_tokens``/``lm_head``, so
+vLLM shares the target's, as with z-lab drafters). Both directories carry the
+same local byte-level tokenizer (``PreTrainedTokenizerFast`` with a chat
+template) and bf16 safetensors weights. No network access is needed, and the
+same arguments give byte-identical files.
+
+Sizes are chosen for vLLM's CPU backend: head_dim 64 (CPU attention supports
+it, and it is a multiple of 32 as the fp8 KV cache on CPU requires), hidden
+size 256, 4 target layers, 2 draft layers, vocabulary of 260 tokens.
+
+Acceptance knob -- how a draft compares with the target under greedy decoding:
+
+``none``
+    target and drafter are independent random models: drafts are almost never
+    accepted.
+``full``
+    every draft is accepted. One residual-stream dimension ``D`` is made a
+    positive constant: every embedding row has ``E[:, D] = C > 0`` and, in
+    every layer of both models, the rows ``D`` of ``o_proj`` and ``down_proj``
+    (the only writes into the residual stream) are zero, so the hidden state
+    entering the final norm has ``h[D] = C`` at every position, whatever the
+    context. Both final norms have weight ``e_D`` (1 at ``D``, 0 elsewhere),
+    so the normed state is ``(C / rms(h)) * e_D`` and the logits are
+    ``lm_head[:, D] * C / rms(h)``. The (shared) lm_head column ``D`` is
+    ``B > 0`` at token ``FULL_TOKEN`` and 0 elsewhere, so both models put a
+    strictly positive logit on ``FULL_TOKEN`` and exactly 0 on every other
+    token, in any precision: the target always emits ``FULL_TOKEN`` and every
+    draft token equals it. Everything else (attention, MLPs, the context K/V
+    the drafter attends to) stays random and is computed for real.
+``partial``
+    the drafter is the ``full`` drafter (always proposes ``FULL_TOKEN``); the
+    target keeps ``h[D] = C`` but its final norm weight is all ones, so its
+    random logits compete with the ``FULL_TOKEN`` bias: the target emits
+    ``FULL_TOKEN`` at some positions only, and drafts are partly accepted.
+
+``--draft-kv-scales K V`` makes the drafter checkpoint declare an fp8
+quantization config (``quant_method: fp8``, static activations, every linear
+layer listed in ``ignored_layers`` so the weights stay bf16) and ship
+per-layer KV-cache scales ``layers.N.self_attn.{k,v}_proj.{k,v}_scale``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["generate_pair", "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE"]
+
+# --- vocabulary: 256 byte tokens + 4 special tokens -------------------------
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
+EOS_TOKEN = 256 + SPECIAL_TOKENS.index("<|im_end|>")
+BOS_TOKEN = 256 + SPECIAL_TOKENS.index("<|endoftext|>")
+MASK_TOKEN = 256 + SPECIAL_TOKENS.index("<|mask|>")
+
+# --- model sizes --------------------------------------------------------------
+HIDDEN = 256
+INTERMEDIATE = 512
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 64
+TARGET_LAYERS = 4
+DRAFT_LAYERS = 2
+TARGET_LAYER_IDS = [1, 2]  # target layers whose hidden states feed the drafter
+DFLASH_BLOCK_SIZE = 4  # drafter trained block: 1 bonus + 3 mask tokens
+MAX_POSITIONS = 4096
+ROPE_THETA = 1000000.0
+
+# --- degenerate construction (acceptance "full"/"partial") -------------------
+CONST_DIM = 7  # residual-stream dimension D held constant
+CONST_VALUE = 1.0  # C
+FULL_TOKEN = ord("a")  # byte tokens have id == byte value
+FULL_BIAS = {"full": 1.0, "partial": 10.0}  # B / sqrt(hidden); partial: tuned
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+WEIGHT_STD = 0.08
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character table."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _write_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = _bytes_to_unicode()
+    vocab = {table[b]: b for b in range(256)}  # token id == byte value
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|mask|>"],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MAX_POSITIONS,
+    )
+    assert len(fast) == VOCAB_SIZE
+    fast.save_pretrained(str(out))
+
+
+def _qwen3_config(num_layers: int) -> dict:
+    return {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": BOS_TOKEN,
+        "eos_token_id": EOS_TOKEN,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "initializer_range": WEIGHT_STD,
+        "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS,
+        "max_window_layers": num_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": NUM_HEADS,
+        "num_hidden_layers": num_layers,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": ROPE_THETA,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB_SIZE,
+    }
+
+
+class _Rng:
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def normal(self, *shape: int, std: float = WEIGHT_STD) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float32) * std
+
+
+def _layer_weights(rng: _Rng, prefix: str, const_dim: bool) -> dict[str, torch.Tensor]:
+    q, kv = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
+    w = {
+        f"{prefix}.input_layernorm.weight": torch.ones(HIDDEN),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(HIDDEN),
+        f"{prefix}.self_attn.q_proj.weight": rng.normal(q, HIDDEN),
+        f"{prefix}.self_attn.k_proj.weight": rng.normal(kv, HIDDEN),
+        f"{prefix}.self_attn.v_proj.weight": rng.normal(kv, HIDDEN),
+        f"{prefix}.self_attn.o_proj.weight": rng.normal(HIDDEN, q),
+        f"{prefix}.self_attn.q_norm.weight": torch.ones(HEAD_DIM),
+        f"{prefix}.self_attn.k_norm.weight": torch.ones(HEAD_DIM),
+        f"{prefix}.mlp.gate_proj.weight": rng.normal(INTERMEDIATE, HIDDEN),
+        f"{prefix}.mlp.up_proj.weight": rng.normal(INTERMEDIATE, HIDDEN),
+        f"{prefix}.mlp.down_proj.weight": rng.normal(HIDDEN, INTERMEDIATE),
+    }
+    if const_dim:
+        # No write into residual dimension D: it keeps the embedding's C.
+        w[f"{prefix}.self_attn.o_proj.weight"][CONST_DIM, :] = 0.0
+        w[f"{prefix}.mlp.down_proj.weight"][CONST_DIM, :] = 0.0
+    return w
+
+
+def _save(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # Weights are stored in bf16; KV-cache scales stay float32 (as in fp8
+    # checkpoints).
+    tensors = {
+        k: (v if k.endswith("_scale") else v.to(torch.bfloat16)).contiguous()
+        for k, v in sorted(weights.items())
+    }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_tokenizer(out)
+
+
+def generate_pair(
+    out_dir: str | os.PathLike,
+    acceptance: str = "none",
+    seed: int = 0,
+    *,
+    draft_kv_scales: tuple[float, float] | None = None,
+) -> tuple[str, str]:
+    """Write a target/drafter pair under ``out_dir``; return their paths."""
+    if acceptance not in ("none", "partial", "full"):
+        raise ValueError(f"acceptance must be none, partial or full: {acceptance!r}")
+    out = Path(out_dir)
+    target_dir, draft_dir = out / "target", out / "draft"
+    degenerate = acceptance != "none"
+    rng = _Rng(seed)
+
+    # ---- target -------------------------------------------------------------
+    embed = rng.normal(VOCAB_SIZE, HIDDEN, std=1.0)
+    lm_head = rng.normal(VOCAB_SIZE, HIDDEN, std=1.0)
+    tw: dict[str, torch.Tensor] = {}
+    for i in range(TARGET_LAYERS):
+        tw.update(_layer_weights(rng, f"model.layers.{i}", degenerate))
+    final_norm = torch.ones(HIDDEN)
+    if degenerate:
+        embed[:, CONST_DIM] = CONST_VALUE
+        lm_head[:, CONST_DIM] = 0.0
+        lm_head[FULL_TOKEN, CONST_DIM] = FULL_BIAS[acceptance] * HIDDEN**0.5
+        if acceptance == "full":
+            final_norm = torch.zeros(HIDDEN)
+            final_norm[CONST_DIM] = 1.0
+    tw["model.embed_tokens.weight"] = embed
+    tw["lm_head.weight"] = lm_head
+    tw["model.norm.weight"] = final_norm
+    tconf = _qwen3_config(TARGET_LAYERS)
+    tconf["architectures"] = ["Qwen3ForCausalLM"]
+    _save(target_dir, tconf, tw)
+
+    # ---- drafter (z-lab DFlash layout; shares embed_tokens/lm_head) ---------
+    dw: dict[str, torch.Tensor] = {}
+    for i in range(DRAFT_LAYERS):
+        dw.update(_layer_weights(rng, f"layers.{i}", degenerate))
+    dw["fc.weight"] = rng.normal(HIDDEN, HIDDEN * len(TARGET_LAYER_IDS))
+    dw["hidden_norm.weight"] = torch.ones(HIDDEN)
+    draft_norm = torch.ones(HIDDEN)
+    if degenerate:
+        draft_norm = torch.zeros(HIDDEN)
+        draft_norm[CONST_DIM] = 1.0
+    dw["norm.weight"] = draft_norm
+    dconf = _qwen3_config(DRAFT_LAYERS)
+    dconf.update(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "block_size": DFLASH_BLOCK_SIZE,
+            "num_target_layers": TARGET_LAYERS,
+            "dflash_config": {
+                "mask_token_id": MASK_TOKEN,
+                "target_layer_ids": list(TARGET_LAYER_IDS),
+            },
+        }
+    )
+    if draft_kv_scales is not None:
+        k_scale, v_scale = (float(s) for s in draft_kv_scales)
+        ignored = ["model.fc"]
+        for i in range(DRAFT_LAYERS):
+            # vLLM names the draft layers after the target's (start_layer_id).
+            p = f"model.layers.{TARGET_LAYERS + i}"
+            ignored += [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")]
+            ignored += [f"{p}.self_attn.qkv_proj", f"{p}.self_attn.o_proj"]
+            ignored += [f"{p}.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
+            ignored += [f"{p}.mlp.gate_up_proj"]
+            dw[f"layers.{i}.self_attn.k_proj.k_scale"] = torch.tensor(k_scale)
+            dw[f"layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(v_scale)
+        dconf["quantization_config"] = {
+            "quant_method": "fp8",
+            "activation_scheme": "static",
+            "ignored_layers": ignored,
+            "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
+        }
+    _save(draft_dir, dconf, dw)
+    return str(target_dir), str(draft_dir)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--acceptance", choices=["none", "partial", "full"], default="none")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--draft-kv-scales",
+        nargs=2,
+        type=float,
+        metavar=("K", "V"),
+        help="drafter declares an fp8 quantization config with these KV scales",
+    )
+    args = ap.parse_args(argv)
+    t, d = generate_pair(
+        args.out,
+        args.acceptance,
+        args.seed,
+        draft_kv_scales=tuple(args.draft_kv_scales) if args.draft_kv_scales else None,
+    )
+    print(f"target: {t}\ndraft:  {d}")
+
+
+if __name__ == "__main__":
+    main()
