@@ -1,0 +1,71 @@
+"""Full-acceptance pair (test 5) and a drafter with KV-cache scales (1b)."""
+
+from __future__ import annotations
+
+import pytest
+
+import dflash_e2e as e2e
+
+pytestmark = pytest.mark.slow
+
+
+# 5 -----------------------------------------------------------------------
+@pytest.mark.needs_patch("0002", "0003", "0004", "0005")
+def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
+    from vllm.fork.tiny_pairs import FULL_TOKEN
+
+    e2e.skip_if_kv_dtype_unsupported("fp8")
+    target, draft = full_pair
+    llm = e2e.start_llm(
+        ("dflash-full", "fp8"),
+        model=target,
+        kv_cache_dtype="fp8",
+        speculative_config=e2e.dflash_spec_config(draft),
+    )
+    ids, _ = e2e.generate_ids(llm)
+    m = e2e.spec_metrics(llm)
+    e2e.shutdown_llm()
+    drafts = m["vllm:spec_decode_num_drafts"]
+    draft_tokens = m["vllm:spec_decode_num_draft_tokens"]
+    accepted = m["vllm:spec_decode_num_accepted_tokens"]
+    mal = 1 + accepted / drafts
+    measurements["mean acceptance length full pair kv=fp8"] = mal
+    print(f"\n[e2e] full pair: drafts {drafts}, draft tokens {draft_tokens}, accepted {accepted}, "
+          f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, "
+          f"mean acceptance length {mal:.3f} (num_speculative_tokens + 1 = {e2e.NUM_SPEC_TOKENS + 1})")
+    assert all(t == [FULL_TOKEN] * e2e.MAX_TOKENS for t in ids)
+    assert drafts > 0
+    assert accepted == draft_tokens == drafts * e2e.NUM_SPEC_TOKENS
+    assert mal == e2e.NUM_SPEC_TOKENS + 1
+
+
+# 1b ----------------------------------------------------------------------
+@pytest.mark.needs_patch("0001")
+def test_draft_kv_scales_reach_draft_attention(kv_scales_pair, measurements):
+    """The drafter declares an fp8 quantization config (all linear layers
+    ignored, so weights stay bf16) and ships k/v scales 0.5/0.25 per layer;
+    with quant_config passed to the draft layers they load the scales."""
+    e2e.skip_if_kv_dtype_unsupported("fp8")
+    target, draft = kv_scales_pair
+    llm = e2e.start_llm(
+        ("dflash-kvscales", "fp8"),
+        model=target,
+        kv_cache_dtype="fp8",
+        speculative_config=e2e.dflash_spec_config(draft),
+    )
+    ids, _ = e2e.generate_ids(llm, max_tokens=32)
+    state = llm.collective_rpc(e2e.worker_kv_state)[0]
+    e2e.shutdown_llm()
+    draft_layers = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
+    target_layers = {n: s for n, s in state["layers"].items() if s["role"] == "target"}
+    print("\n[e2e] kv scales: " + ", ".join(
+        f"{n}: k={s['k_scale']} v={s['v_scale']} param={s['has_k_scale_param']}"
+        for n, s in sorted(state["layers"].items())))
+    assert len(draft_layers) == 2
+    for name, s in draft_layers.items():
+        assert s["has_k_scale_param"], name
+        assert (s["k_scale"], s["v_scale"]) == (0.5, 0.25), (name, s)
+        assert s["kv_cache_dtype"] == "fp8", (name, s)
+    for name, s in target_layers.items():
+        assert (s["k_scale"], s["v_scale"]) == (1.0, 1.0), (name, s)
+    assert all(len(t) == 32 for t in ids)
