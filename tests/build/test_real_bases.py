@@ -9,7 +9,6 @@ import importlib.metadata
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -55,7 +54,7 @@ def test_repo_overlay_never_shadows_the_installed_package():
 
 
 def test_vllm_cli_reports_the_fork_version():
-    result = subprocess.run([shutil.which("vllm") or "vllm", "--version"], cwd=REPO,
+    result = subprocess.run([str(Path(sys.executable).parent / "vllm"), "--version"], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert CFG.fork_version(CFG.targets["cpu"]) in result.stdout
