@@ -9,3 +9,23 @@ def pytest_configure(config):
         "needs_patch(*numbers): the test guards these patches (4-digit numbers) "
         "and must fail on a build without any of them",
     )
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--needs-patch",
+        metavar="NNNN",
+        help="run only the tests marked needs_patch(..., NNNN, ...) (used by tests/necessity)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    number = config.getoption("--needs-patch")
+    if not number:
+        return
+    keep, drop = [], []
+    for item in items:
+        numbers = {arg for mark in item.iter_markers("needs_patch") for arg in mark.args}
+        (keep if number in numbers else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
