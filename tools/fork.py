@@ -192,6 +192,35 @@ def cmd_lock(args) -> None:
     print(f"locked release {cfg.release}: {digest[:16]}")
 
 
+def patch_table(patches: list[patching.Patch]) -> str:
+    """The README's patch list (tests/build/test_readme.py keeps it in sync)."""
+    rows = ["| # | patch | origin | upstream |", "|---|---|---|---|"]
+    for patch in patches:
+        origin = patch.fields.get("Origin", "").replace("|", "\\|")
+        rows.append(f"| {patch.number} | {patch.subject} | {origin} | {patch.fields.get('Applied-Upstream', '')} |")
+    return "\n".join(rows) + "\n"
+
+
+README_START = "<!-- patch-table:"
+README_END = "<!-- /patch-table -->"
+
+
+def readme_with_table(readme: str, table: str) -> str:
+    head, _, rest = readme.partition(README_START)
+    marker, _, rest = rest.partition("\n")
+    _, _, tail = rest.partition(README_END)
+    return f"{head}{README_START}{marker}\n{table}{README_END}{tail}"
+
+
+def cmd_patch_table(args) -> None:
+    table = patch_table(patching.read_series(config.load(ROOT).patches_dir))
+    if args.update_readme:
+        readme = ROOT / "README.md"
+        readme.write_text(readme_with_table(readme.read_text(), table))
+    else:
+        print(table, end="")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     check.set_defaults(func=cmd_check)
     lock = sub.add_parser("lock", help="record the content hash of this release")
     lock.set_defaults(func=cmd_lock)
+    table = sub.add_parser("patch-table", help="print the README's patch list (markdown)")
+    table.add_argument("--update-readme", action="store_true", help="rewrite the table in README.md")
+    table.set_defaults(func=cmd_patch_table)
     args = parser.parse_args(argv)
     try:
         args.func(args)

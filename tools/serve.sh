@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The main command: install the fork for this machine and serve DFlash with an fp8 KV cache.
+#   bash tools/serve.sh                         # embedded tiny target + DFlash pair (offline)
+#   bash tools/serve.sh TARGET DRAFT [vllm serve args...]
+#   e.g. bash tools/serve.sh Qwen/Qwen3-8B z-lab/Qwen3-8B-DFlash-b16 --max-model-len 8192
+# Env: PORT (8000), NUM_SPEC_TOKENS (draft block_size - 1, else 15), VLLM_FORK_TARGET
+# (auto|cuda|cpu), plus everything tools/install_fork.sh and vllm serve read.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VLLM_FORK_VENV:-$ROOT/.venv}
+PORT=${PORT:-8000}
+bash tools/install_fork.sh "${VLLM_FORK_TARGET:-auto}" >/dev/null
+PY="$VENV/bin/python"
+
+if [ $# -ge 2 ]; then
+  TARGET_MODEL=$1 DRAFT_MODEL=$2
+  shift 2
+elif [ $# -eq 0 ]; then
+  PAIR="$ROOT/.cache/default-pair"
+  printf '\n==> generating the embedded default pair in %s\n' "$PAIR"
+  "$PY" -m vllm.fork.tiny_pairs --out "$PAIR" --acceptance partial >/dev/null
+  TARGET_MODEL=$PAIR/target DRAFT_MODEL=$PAIR/draft
+else
+  echo "usage: bash tools/serve.sh [TARGET DRAFT [vllm serve args...]]" >&2
+  exit 2
+fi
+
+if [ -z "${NUM_SPEC_TOKENS:-}" ]; then
+  NUM_SPEC_TOKENS=$("$PY" -c 'import json,sys,os; p=os.path.join(sys.argv[1],"config.json"); print(json.load(open(p))["block_size"]-1 if os.path.isfile(p) else 15)' "$DRAFT_MODEL")
+fi
+SPEC=$(printf '{"method":"dflash","model":"%s","num_speculative_tokens":%s}' "$DRAFT_MODEL" "$NUM_SPEC_TOKENS")
+if "$PY" -c 'import sys, vllm.fork.info as i; sys.exit(i.provenance()["target"] != "cpu")'; then
+  export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
+fi
+
+printf '\n==> vllm serve %s (DFlash draft %s, %s speculative tokens, fp8 KV cache)\n' \
+  "$TARGET_MODEL" "$DRAFT_MODEL" "$NUM_SPEC_TOKENS"
+"$VENV/bin/vllm" serve "$TARGET_MODEL" --host 127.0.0.1 --port "$PORT" \
+  --speculative-config "$SPEC" --kv-cache-dtype fp8 "$@" &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER' INT TERM
+until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
+  kill -0 $SERVER 2>/dev/null || { wait $SERVER; exit $?; }
+  sleep 2
+done
+cat <<MSG
+
+==> ready: http://127.0.0.1:$PORT/v1  (Ctrl-C stops the server)
+curl http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
+  -d '{"model": "$TARGET_MODEL", "prompt": "The capital of France is", "max_tokens": 32, "temperature": 0}'
+MSG
+wait $SERVER
