@@ -39,7 +39,7 @@ IDENTITY = {
 FORMAT_PATCH = [
     "-c", "diff.algorithm=myers", "-c", "diff.renames=false", "-c", "format.signature=",
     "format-patch", "--zero-commit", "--no-signature", "--full-index", "--no-color",
-    "--no-renames",
+    "--no-renames", "--no-numbered",
 ]
 LOCK_FILE = "patches/release.lock"
 

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from forkrepo import ForkRepo, REPO, fork_config, make_base_wheel  # noqa: E402
 
+import re  # noqa: E402
 import shutil  # noqa: E402
 
 
@@ -18,8 +19,10 @@ import shutil  # noqa: E402
 def fork_repo(tmp_path, monkeypatch) -> ForkRepo:
     root = tmp_path / "repo"
     root.mkdir()
-    for entry in ("pyproject.toml", "setup.py"):
-        shutil.copy(REPO / entry, root / entry)
+    shutil.copy(REPO / "setup.py", root / "setup.py")
+    # The synthetic fork starts at release 1 whatever the real one is now.
+    pyproject = re.sub(r"(?m)^release = \d+$", "release = 1", (REPO / "pyproject.toml").read_text())
+    (root / "pyproject.toml").write_text(pyproject)
     for entry in ("forkbuild", "tools"):
         shutil.copytree(REPO / entry, root / entry, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "patches").mkdir()
