@@ -193,7 +193,7 @@ def cmd_lock(args) -> None:
 
 
 def patch_table(patches: list[patching.Patch]) -> str:
-    """The README's patch list (tests/build/test_readme.py keeps it in sync)."""
+    """The README's patch list (tests/packaging/test_readme.py keeps it in sync)."""
     rows = ["| # | patch | origin | upstream |", "|---|---|---|---|"]
     for patch in patches:
         origin = patch.fields.get("Origin", "").replace("|", "\\|")

@@ -13,7 +13,7 @@ export VLLM_FORK_WHEEL=$WHEEL
 
 printf '\n==> running the test suite\n'
 set +e
-# Default: everything but the slow proofs (necessity rebuilds, real CUDA base); pass -m "" to include them.
+# Default: everything but the tests marked slow (real CUDA base download, per-patch necessity rebuilds); pass -m "" to include them.
 if [ $# -eq 0 ]; then set -- -m "not slow"; fi
 "$VENV/bin/python" -m pytest -ra "$@"
 status=$?

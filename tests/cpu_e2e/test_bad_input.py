@@ -48,7 +48,6 @@ def _start_engine_subprocess(**kwargs) -> tuple[int, str, float]:
     return p.returncode, p.stdout + p.stderr, dt
 
 
-@pytest.mark.slow
 def test_dflash_config_without_dflash_config_is_a_clear_error(partial_pair, tmp_path):
     import shutil
 
@@ -67,7 +66,6 @@ def test_dflash_config_without_dflash_config_is_a_clear_error(partial_pair, tmp_
     assert "dflash_config.mask_token_id" in out, out[-3000:]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "kv_dtype, expected",
     [

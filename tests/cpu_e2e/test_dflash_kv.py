@@ -12,7 +12,6 @@ import torch
 
 import dflash_e2e as e2e
 
-pytestmark = pytest.mark.slow
 
 EXPECTED_TENSOR_DTYPE = {
     "auto": "torch.bfloat16",

@@ -6,7 +6,6 @@ import pytest
 
 import dflash_e2e as e2e
 
-pytestmark = pytest.mark.slow
 
 
 # 5 -----------------------------------------------------------------------

@@ -22,7 +22,6 @@ import pytest
 
 import dflash_e2e as e2e
 
-pytestmark = pytest.mark.slow
 
 SERVER_START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
