@@ -1,5 +1,12 @@
 """Suite-wide pytest configuration."""
 
+import sys
+from pathlib import Path
+
+# Helper modules shared by several test directories and benchmarks/
+# (dflash_e2e, vllm_server): importable by their plain names.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
 
 def pytest_configure(config):
     # A test marked needs_patch("NNNN") guards patch NNNN of patches/series: a

