@@ -42,8 +42,9 @@ def cpu_fp8_kv_skip_reason() -> str | None:
 
 def skip_if_kv_dtype_unsupported(kv_dtype: str) -> None:
     import pytest
+    from vllm.platforms import current_platform
 
-    if kv_dtype != "auto" and (reason := cpu_fp8_kv_skip_reason()):
+    if kv_dtype != "auto" and current_platform.is_cpu() and (reason := cpu_fp8_kv_skip_reason()):
         pytest.skip(reason)
 
 

@@ -138,23 +138,27 @@ async def send(client: httpx.AsyncClient, base: str, model: str, job: Job,
     return out
 
 
-async def _run(base: str, model: str, jobs: list[Job], concurrency: int,
-               timeout: float) -> list[Outcome]:
+async def _run(base: str, model: str, jobs: list[Job], concurrency: int, timeout: float,
+               disconnect_after: dict[str, int]) -> list[Outcome]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def one(job: Job) -> Outcome:
             async with sem:
-                return await send(client, base, model, job)
+                return await send(client, base, model, job, disconnect_after.get(job.key))
 
         return await asyncio.gather(*(one(j) for j in jobs))
 
 
 def run_jobs(base: str, model: str, jobs: list[Job], concurrency: int,
-             timeout: float = CLIENT_TIMEOUT_S) -> tuple[list[Outcome], float]:
-    """Send every job, at most ``concurrency`` in flight; (outcomes, wall s)."""
+             timeout: float = CLIENT_TIMEOUT_S,
+             disconnect_after: dict[str, int] | None = None) -> tuple[list[Outcome], float]:
+    """Send every job, at most ``concurrency`` in flight; (outcomes, wall s).
+    ``timeout``: the client's per-request timeout (it gives up, the
+    connection closes); ``disconnect_after``: job key -> stream chunks after
+    which that client drops the connection."""
     t0 = time.monotonic()
-    outs = asyncio.run(_run(base, model, jobs, concurrency, timeout))
+    outs = asyncio.run(_run(base, model, jobs, concurrency, timeout, disconnect_after or {}))
     return outs, time.monotonic() - t0
 
 
@@ -246,6 +250,23 @@ def latency_summary(outs: list[Outcome]) -> dict[str, float]:
     return {"p50_s": q[49], "p99_s": q[98], "max_s": lat[-1]}
 
 
+def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def wait_idle(server, timeout: float = 30) -> dict[str, float]:
+    """/metrics once no request is running or waiting (or at the timeout:
+    the caller's assertions then show what is still there)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = server.metrics()
+        idle = (m.get("vllm:num_requests_running", 0) == 0
+                and m.get("vllm:num_requests_waiting", 0) == 0)
+        if idle or time.monotonic() > deadline:
+            return m
+        time.sleep(0.25)
+
+
 def acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
     """Mean acceptance length (1 + accepted / drafts) between two /metrics reads."""
     drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get(
@@ -253,3 +274,60 @@ def acceptance_length(before: dict[str, float], after: dict[str, float]) -> floa
     accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
         "vllm:spec_decode_num_accepted_tokens_total", 0)
     return 1 + accepted / drafts if drafts else None
+
+
+# -- the suite's server and workloads (tests/serve_load, benchmarks) ---------
+# The KV cache is tiny on purpose (--num-gpu-blocks-override, which the CPU
+# backend honours too): MAX_NUM_SEQS requests cannot all keep their blocks,
+# so the scheduler has to preempt (checked on /metrics). The same arguments
+# run on a GPU; there VLLM_CPU_KVCACHE_SPACE is ignored.
+
+MAX_MODEL_LEN = 256
+BLOCK_SIZE = 32
+NUM_BLOCKS = 12  # 384 tokens: about two requests of the load at once
+MAX_NUM_SEQS = 4
+KV_DTYPE = "fp8"
+
+LOAD_REQUESTS = 32
+LOAD_CONCURRENCY = 12  # 3 x MAX_NUM_SEQS
+LOAD_MAX_TOKENS = 64
+LOAD_PROMPT_LEN = (16, 96)
+
+# After every fault: one short greedy request must still match its reference.
+FOLLOW_UP = Job("follow-up", "completions", False,
+                prompt=tuple(b"After the fault, the server still answers: "), max_tokens=24)
+# Prompts whose prompt + max_tokens is exactly max_model_len (accepted).
+BOUNDARY_JOBS = [
+    Job("boundary-250+6", "completions", False, prompt=tuple(b"ABCDE" * 50), max_tokens=6),
+    Job("boundary-255+1", "completions", True,
+        prompt=tuple(32 + (i * 7) % 95 for i in range(255)), max_tokens=1),
+]
+SHUTDOWN_JOBS = mixed_jobs(16, seed=2, max_tokens=96, prompt_len=LOAD_PROMPT_LEN)
+# Long generations that the clients abandon part-way (disconnect or time out).
+ABANDONED_JOBS = mixed_jobs(16, seed=3, max_tokens=160, prompt_len=(16, 64))
+
+
+def load_jobs() -> list[Job]:
+    return mixed_jobs(LOAD_REQUESTS, seed=1, max_tokens=LOAD_MAX_TOKENS, prompt_len=LOAD_PROMPT_LEN)
+
+
+def server_args(spec_config: dict | None, kv_dtype: str = KV_DTYPE,
+                num_blocks: int = NUM_BLOCKS) -> list[str]:
+    """`vllm serve` arguments of the suite's server (spec_config None: target only)."""
+    return [
+        "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
+        "--enforce-eager", "--seed", "0",
+        "--kv-cache-dtype", kv_dtype,
+        "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(num_blocks),
+    ] + ([] if spec_config is None else ["--speculative-config", json.dumps(spec_config)])
+
+
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def assert_still_serving(server, references: dict) -> None:
+    """The next greedy request after a fault is answered, and correctly."""
+    out, _ = run_jobs(server.base, server.model, [FOLLOW_UP], concurrency=1)
+    bad = problems(out[0], references[FOLLOW_UP.key])
+    assert not bad, f"after the fault: {bad}\n{server.log_tail(3000)}"

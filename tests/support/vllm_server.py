@@ -109,6 +109,18 @@ def shm_segments_of(procs: list[psutil.Process]) -> set[str]:
     return found
 
 
+def unix_socket_files_of(procs: list[psutil.Process]) -> set[str]:
+    """Filesystem paths of the unix sockets (ZMQ ipc://) the processes hold."""
+    found: set[str] = set()
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="unix")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        found.update(c.laddr for c in conns if isinstance(c.laddr, str) and c.laddr.startswith("/"))
+    return found
+
+
 class ServerExited(RuntimeError):
     pass
 

@@ -1,0 +1,76 @@
+"""One `vllm serve` (DFlash + fp8 KV cache, tiny pair, tiny KV cache) for
+load, faults and shutdown; the target-only references are computed by an
+offline engine before it starts (one engine at a time). Settings and
+workloads: tests/support/serve_load.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dflash_e2e as e2e
+import serve_load as sl
+from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
+
+
+@pytest.fixture(scope="session")
+def serve_pair(tmp_path_factory):
+    return e2e.make_pair(tmp_path_factory, "serve-load", "partial")
+
+
+@pytest.fixture(scope="session")
+def load_jobs():
+    return sl.load_jobs()
+
+
+@pytest.fixture(scope="session")
+def references(serve_pair, load_jobs):
+    """Target-only greedy outputs (same KV dtype, no drafter) for every job
+    the tests check, from one offline engine that is shut down again."""
+    if reason := vllm_dist_skip_reason():
+        pytest.skip(reason)
+    e2e.skip_if_kv_dtype_unsupported(sl.KV_DTYPE)
+    target, _ = serve_pair
+    llm = e2e.start_llm(("serve-load-target", sl.KV_DTYPE), model=target,
+                        kv_cache_dtype=sl.KV_DTYPE, max_model_len=sl.MAX_MODEL_LEN)
+    try:
+        refs = sl.reference_outputs(
+            llm, [*load_jobs, sl.FOLLOW_UP, *sl.BOUNDARY_JOBS, *sl.SHUTDOWN_JOBS,
+                  *sl.ABANDONED_JOBS])
+    finally:
+        e2e.shutdown_llm()
+    return refs
+
+
+@pytest.fixture(scope="session")
+def server(references, serve_pair, tmp_path_factory):
+    target, draft = serve_pair
+    srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(draft)),
+                     tmp_path_factory.mktemp("serve-load") / "server.log", env=sl.SERVER_ENV)
+    try:
+        srv.start()
+    except (ServerExited, TimeoutError) as e:
+        pytest.fail(str(e))
+    srv.model = srv.model_id()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def live_server(server):
+    """The session server; a test that finds it gone fails with the log."""
+    if server.proc.poll() is not None:
+        pytest.fail(f"the server is gone (exit {server.proc.returncode}):\n{server.log_tail()}")
+    return server
+
+
+@pytest.fixture(scope="session")
+def figures():
+    """Per-scenario counts and timings; printed at the end of the session."""
+    data: dict[str, dict] = {}
+    yield data
+    print("\n[serve-load] figures:")
+    for scenario, values in data.items():
+        print(f"[serve-load]   {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))

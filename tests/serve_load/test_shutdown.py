@@ -1,0 +1,77 @@
+"""SIGTERM while the server is under load: the server and every process it
+started exit within a bounded time (a hang detector, not a speed check),
+and no process, shared-memory segment or ipc socket file of theirs is left
+behind.
+
+Runs after the other tests of this directory (it ends the session server).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import serve_load as sl
+from vllm_server import shm_segments_of, unix_socket_files_of
+
+SHUTDOWN_BOUND_S = 60
+LOAD_BEFORE_SIGTERM_TIMEOUT_S = 120
+
+
+def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figures):
+    srv = live_server
+    tree = srv.tree()
+    shm = shm_segments_of(tree)
+    sockets = unix_socket_files_of(tree)
+    outcomes: list = []
+    clients = threading.Thread(target=lambda: outcomes.extend(sl.run_jobs(
+        srv.base, srv.model, sl.SHUTDOWN_JOBS, concurrency=len(sl.SHUTDOWN_JOBS), timeout=120)[0]))
+    before = srv.metrics()
+    clients.start()
+    # SIGTERM once the batch is full and decoding.
+    deadline = time.monotonic() + LOAD_BEFORE_SIGTERM_TIMEOUT_S
+    while True:
+        m = srv.metrics()
+        if (m.get("vllm:num_requests_running", 0) >= sl.MAX_NUM_SEQS
+                and sl.delta(before, m, "vllm:generation_tokens_total") > 0):
+            break
+        assert time.monotonic() < deadline, "the load never filled the batch"
+        time.sleep(0.1)
+    seconds, code, survivors = srv.terminate(timeout=SHUTDOWN_BOUND_S)
+    clients.join(timeout=150)
+    leftovers = srv.leftovers()
+    shm_left = sorted(s for s in shm if Path(s).exists())
+    sockets_left = sorted(s for s in sockets if Path(s).exists())
+    completed = [o for o in outcomes if o.ok and o.finish_reason == "length"]
+    cut = [o for o in outcomes if o.ok and o.finish_reason == "abort"]
+    failed = [o for o in outcomes if not o.ok]
+    figures["sigterm under load"] = {
+        "sent": len(sl.SHUTDOWN_JOBS), "completed": len(completed),
+        "finish_reason_abort": len(cut), "errors": len(failed), "exit_code": code,
+        "exit_s": round(seconds, 2), "processes": len(tree), "shm_segments": len(shm),
+        "processes_left": len(leftovers), "shm_left": len(shm_left),
+        "ipc_socket_files": len(sockets), "ipc_socket_files_left": len(sockets_left),
+    }
+    print(f"\n[serve-load] sigterm: {figures['sigterm under load']}")
+    assert not survivors, (f"still alive {SHUTDOWN_BOUND_S} s after SIGTERM: {survivors}\n"
+                           f"{srv.log_tail()}")
+    assert not leftovers, f"processes left behind: {leftovers}"
+    assert not shm_left, f"shared memory left behind: {shm_left}"
+    assert not sockets_left, f"ipc socket files left behind: {sockets_left}"
+    assert code == 0, f"exit code {code} after SIGTERM:\n{srv.log_tail()}"
+    assert not clients.is_alive(), "a client still waits on the stopped server"
+    assert len(outcomes) == len(sl.SHUTDOWN_JOBS)
+    # Every request ends visibly: complete and equal to the reference, or
+    # cut short with finish_reason "abort" (vLLM aborts in-flight requests
+    # at shutdown) and a prefix of the reference, or an error.
+    assert len(completed) + len(cut) + len(failed) == len(outcomes), \
+        [(o.job.key, o.finish_reason) for o in outcomes]
+    for o in completed:
+        assert not sl.problems(o, references[o.job.key]), sl.problems(o, references[o.job.key])
+    for o in cut:
+        ref = references[o.job.key]["token_ids"]
+        assert len(o.token_ids) < len(ref) and o.token_ids == ref[:len(o.token_ids)], o.job.key
+        assert o.completion_tokens in (None, len(o.token_ids)), (o.job.key, o.completion_tokens)
+    for o in failed:
+        assert o.error, o
