@@ -90,6 +90,19 @@ def start_llm(key, **kwargs):
     return llm
 
 
+def start_dflash_fp8(name: str, pair: tuple[str, str]):
+    """A DFlash engine on ``pair`` with an fp8 KV cache (skips where the CPU
+    cannot hold one)."""
+    skip_if_kv_dtype_unsupported("fp8")
+    target, draft = pair
+    return start_llm(
+        (name, "fp8"),
+        model=target,
+        kv_cache_dtype="fp8",
+        speculative_config=dflash_spec_config(draft),
+    )
+
+
 def dflash_spec_config(draft_dir: str, **extra) -> dict:
     cfg = {
         "method": "dflash",
@@ -155,7 +168,6 @@ def worker_kv_state(worker) -> dict:
             "tensor_shape": tuple(kv.shape),
             "k_scale": float(layer._k_scale_float),
             "v_scale": float(layer._v_scale_float),
-            "has_k_scale_param": isinstance(getattr(layer, "k_scale", None), torch.nn.Parameter),
         }
     cfg = runner.kv_cache_config
     return {

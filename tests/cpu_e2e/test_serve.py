@@ -59,14 +59,7 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = REQU
 def offline(partial_pair):
     if reason := _vllm_dist_skip_reason():
         pytest.skip(reason)
-    e2e.skip_if_kv_dtype_unsupported("fp8")
-    target, draft = partial_pair
-    llm = e2e.start_llm(
-        ("dflash-serve-offline", "fp8"),
-        model=target,
-        kv_cache_dtype="fp8",
-        speculative_config=e2e.dflash_spec_config(draft),
-    )
+    llm = e2e.start_dflash_fp8("dflash-serve-offline", partial_pair)
     sp = e2e.greedy_params(MAX_TOKENS)
     completion = llm.generate([PROMPT], sp, use_tqdm=False)[0].outputs[0]
     chat = llm.chat(MESSAGES, sp, use_tqdm=False)[0].outputs[0]
@@ -125,7 +118,6 @@ def _served_model(base: str) -> str:
     return json.loads(_http("GET", base + "/v1/models")[1])["data"][0]["id"]
 
 
-@pytest.mark.needs_patch("0002", "0003", "0004", "0005")
 def test_serve_completions_equal_offline(server, offline):
     body = {"model": _served_model(server), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
             "temperature": 0.0, "ignore_eos": True}
@@ -136,7 +128,6 @@ def test_serve_completions_equal_offline(server, offline):
     assert got == offline["completion"]
 
 
-@pytest.mark.needs_patch("0002", "0003", "0004", "0005")
 def test_serve_chat_completions_equal_offline(server, offline):
     body = {"model": _served_model(server), "messages": MESSAGES, "max_tokens": MAX_TOKENS,
             "temperature": 0.0, "ignore_eos": True}
