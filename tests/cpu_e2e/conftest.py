@@ -35,7 +35,7 @@ def full_pair(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory):
-    """A drafter trained against its target (~30-60 s to generate on 2 cores)."""
+    """A drafter trained against its target (10-30 s on 2 idle cores)."""
     return _pair(tmp_path_factory, "trained", "trained")
 
 
