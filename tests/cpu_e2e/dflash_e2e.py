@@ -213,6 +213,49 @@ def worker_read_qsl_probe(worker) -> dict:
     }
 
 
+def _target_model(worker):
+    model = worker.model_runner.get_model()
+    return model.get_language_model() if hasattr(model, "get_language_model") else model
+
+
+def worker_aux_layers(worker) -> tuple[int, ...]:
+    """The ids of the target's layers whose hidden states feed the drafter."""
+    return tuple(_target_model(worker).model.aux_hidden_state_layers)
+
+
+def worker_set_aux_layers(worker, layers) -> tuple[int, ...]:
+    _target_model(worker).set_aux_hidden_state_layers(tuple(layers))
+    return worker_aux_layers(worker)
+
+
+def worker_record_first_propose(worker) -> str:
+    """Keep (on CPU) the target inputs of the drafter's next propose call."""
+    drafter = worker.model_runner.drafter
+    if getattr(drafter, "_e2e_proposals", None) is not None:
+        drafter._e2e_proposals.clear()
+        return "reset"
+    calls: list = []
+    orig = drafter.propose
+
+    def propose(*args, **kwargs):
+        if not calls:
+            calls.append(
+                {
+                    k: kwargs[k].detach().to("cpu", copy=True)
+                    for k in ("target_token_ids", "target_positions", "target_hidden_states")
+                }
+            )
+        return orig(*args, **kwargs)
+
+    drafter.propose = propose
+    drafter._e2e_proposals = calls
+    return "installed"
+
+
+def worker_read_first_propose(worker) -> list:
+    return list(worker.model_runner.drafter._e2e_proposals)
+
+
 import sys as _sys  # noqa: E402
 
 cloudpickle.register_pickle_by_value(_sys.modules[__name__])
