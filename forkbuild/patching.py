@@ -17,6 +17,8 @@ import hashlib
 import re
 from pathlib import Path
 
+from forkbuild import samecode
+
 DEP3_FIELDS = (
     "Origin",
     "Bug",
@@ -220,30 +222,48 @@ def apply_patch(patch: Patch, files: dict[str, bytes], strict: bool = True) -> d
     return changed
 
 
-def is_already_applied(patch: Patch, files: dict[str, bytes]) -> bool:
+def is_already_applied(patch: Patch, files: dict[str, bytes], base: dict[str, bytes] | None = None) -> bool:
     """True when every hunk's change is already in `files`.
 
     A hunk counts as present when it reverse-applies (context included), or,
     since upstream often lands the same change amid other edits, when each run
-    of its added lines appears verbatim (ignoring trailing whitespace).
+    of its added lines appears verbatim (ignoring trailing whitespace). A
+    Python file whose hunks are not found so also counts as changed upstream
+    when the statements the patch changes in it are there (see
+    forkbuild.samecode): that needs `base`, the files the patch applies to.
     """
+    after = None
     for fd in patch.files:
         if fd.path not in files:
             return False
-        content = files[fd.path]
-        stripped = [line.rstrip() for line in content.splitlines()]
-        for hunk in fd.hunks:
-            reverse = Hunk(hunk.header, hunk.old_start, hunk.new_lines, hunk.old_lines)
-            single = dataclasses.replace(fd, hunks=[reverse])
+        if _hunks_present(patch, fd, files[fd.path]):
+            continue
+        if base is None or fd.path not in base or not fd.path.endswith(".py"):
+            return False
+        if after is None:
             try:
-                _apply_hunks(patch, single, content, strict=False)
-                continue
+                after = apply_patch(patch, base)
             except PatchError:
-                pass
-            if not hunk.added_runs or not all(
-                _contains_run(stripped, [line.rstrip() for line in run]) for run in hunk.added_runs
-            ):
                 return False
+        if not samecode.python_change_present(base[fd.path], after[fd.path], files[fd.path]):
+            return False
+    return True
+
+
+def _hunks_present(patch: Patch, fd: FileDiff, content: bytes) -> bool:
+    stripped = [line.rstrip() for line in content.splitlines()]
+    for hunk in fd.hunks:
+        reverse = Hunk(hunk.header, hunk.old_start, hunk.new_lines, hunk.old_lines)
+        single = dataclasses.replace(fd, hunks=[reverse])
+        try:
+            _apply_hunks(patch, single, content, strict=False)
+            continue
+        except PatchError:
+            pass
+        if not hunk.added_runs or not all(
+            _contains_run(stripped, [line.rstrip() for line in run]) for run in hunk.added_runs
+        ):
+            return False
     return True
 
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from forkbuild import config, patching  # noqa: E402
-from forkbuild.base import cache_dir, find_base_wheel, index_file_url  # noqa: E402
+from forkbuild.base import BaseWheelError, cache_dir, find_base_wheel, index_file_url  # noqa: E402
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "vLLM DFlash-FP8 fork",
@@ -123,30 +123,48 @@ def _fetch_sdist(version: str) -> Path:
     return path
 
 
-def check_series(patches: list[patching.Patch], files: dict[str, bytes]) -> list[tuple[str, str]]:
-    """Status of each patch against `files`, applying the ones that apply."""
+def check_series(
+    patches: list[patching.Patch], files: dict[str, bytes], base: dict[str, bytes] | None = None
+) -> list[tuple[str, str]]:
+    """Status of each patch against `files`, applying the ones that apply.
+
+    `base` (the pinned base's files) lets a restyled upstream version of a
+    patch's Python change count as already in upstream.
+    """
     report = []
     files = dict(files)
+    base = dict(base) if base is not None else None
     for patch in patches:
-        if patching.is_already_applied(patch, files):
+        if patching.is_already_applied(patch, files, base):
             report.append((patch.name, "already in upstream"))
-            continue
-        for strict, status in ((True, "applies"), (False, "applies with offsets")):
-            try:
-                files.update(patching.apply_patch(patch, files, strict=strict))
-                report.append((patch.name, status))
-                break
-            except patching.PatchError as exc:
-                detail = str(exc)
         else:
-            report.append((patch.name, f"conflicts: {detail}"))
+            for strict, status in ((True, "applies"), (False, "applies with offsets")):
+                try:
+                    files.update(patching.apply_patch(patch, files, strict=strict))
+                    report.append((patch.name, status))
+                    break
+                except patching.PatchError as exc:
+                    detail = str(exc)
+            else:
+                report.append((patch.name, f"conflicts: {detail}"))
+        if base is not None:
+            try:
+                base.update(patching.apply_patch(patch, base))
+            except patching.PatchError:
+                base = None
     return report
 
 
 def cmd_check(args) -> None:
     cfg = config.load(ROOT)
     source = Path(args.against) if os.path.exists(args.against) else _fetch_sdist(args.against)
-    report = check_series(patching.read_series(cfg.patches_dir), source_files(source))
+    target = cfg.target(args.target)
+    try:
+        base = source_files(find_base_wheel(target))
+    except BaseWheelError as exc:
+        print(f"note: without the base ({exc}), only patch lines are compared", file=sys.stderr)
+        base = None
+    report = check_series(patching.read_series(cfg.patches_dir), source_files(source), base)
     width = max((len(name) for name, _ in report), default=0)
     print(f"patch series against {source.name}:")
     for name, status in report:
@@ -234,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     export.set_defaults(func=cmd_export)
     check = sub.add_parser("check", help="report the series against another vLLM release")
     check.add_argument("--against", required=True, help="a version on the index, or a wheel/sdist/directory")
+    check.add_argument("--target", help="base the patches were written for (default: VLLM_TARGET_DEVICE or cuda)")
     check.set_defaults(func=cmd_check)
     lock = sub.add_parser("lock", help="record the content hash of this release")
     lock.set_defaults(func=cmd_lock)

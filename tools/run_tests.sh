@@ -13,8 +13,8 @@ export VLLM_FORK_WHEEL=$WHEEL
 
 printf '\n==> running the test suite\n'
 set +e
-# Default: everything but the tests marked slow (real CUDA base download, per-patch necessity rebuilds); pass -m "" to include them.
-if [ $# -eq 0 ]; then set -- -m "not slow"; fi
+# No arguments: the whole suite, necessity proofs included (what CI runs).
+# Quicker local loops: -m "not slow", or a path such as tests/kernels.
 "$VENV/bin/python" -m pytest -ra "$@"
 status=$?
 set -e

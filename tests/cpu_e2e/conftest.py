@@ -23,6 +23,12 @@ def full_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory):
+    """A drafter trained against its target (10-30 s on 2 idle cores)."""
+    return e2e.make_pair(tmp_path_factory, "trained", "trained")
+
+
+@pytest.fixture(scope="session")
 def kv_scales_pair(tmp_path_factory):
     return e2e.make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
 

@@ -23,14 +23,7 @@ MESSAGES = [{"role": "user", "content": "Say something about foxes."}]
 def offline(partial_pair):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
-    e2e.skip_if_kv_dtype_unsupported("fp8")
-    target, draft = partial_pair
-    llm = e2e.start_llm(
-        ("dflash-serve-offline", "fp8"),
-        model=target,
-        kv_cache_dtype="fp8",
-        speculative_config=e2e.dflash_spec_config(draft),
-    )
+    llm = e2e.start_dflash_fp8("dflash-serve-offline", partial_pair)
     sp = e2e.greedy_params(MAX_TOKENS)
     completion = llm.generate([PROMPT], sp, use_tqdm=False)[0].outputs[0]
     chat = llm.chat(MESSAGES, sp, use_tqdm=False)[0].outputs[0]
@@ -62,7 +55,6 @@ def _served_model(base: str) -> str:
     return json.loads(_http("GET", base + "/v1/models")[1])["data"][0]["id"]
 
 
-@pytest.mark.needs_patch("0002", "0003", "0004", "0005")
 def test_serve_completions_equal_offline(server, offline):
     body = {"model": _served_model(server), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
             "temperature": 0.0, "ignore_eos": True}
@@ -73,7 +65,6 @@ def test_serve_completions_equal_offline(server, offline):
     assert got == offline["completion"]
 
 
-@pytest.mark.needs_patch("0002", "0003", "0004", "0005")
 def test_serve_chat_completions_equal_offline(server, offline):
     body = {"model": _served_model(server), "messages": MESSAGES, "max_tokens": MAX_TOKENS,
             "temperature": 0.0, "ignore_eos": True}

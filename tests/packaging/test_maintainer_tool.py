@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import zipfile
 
+import pytest
+
 from forkrepo import BASE_FILES, make_base_wheel, run_tool
 
 QWEN = "vllm/model_executor/models/qwen3_dflash.py"
@@ -86,3 +88,108 @@ def test_check_unknown_local_file_is_reported(fork_repo, tmp_path):
     result = run_tool(fork_repo, "check", "--against", str(wheel))
     assert result.returncode == 0
     assert result.stdout.count("  applies\n") == 2
+
+
+# --- a backport that upstream landed in its own words ----------------------
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+RUNNER_BASE = b'''class Runner:
+    def aux_layers(self, config):
+        layer_ids = getattr(config, "eagle_ids", None)
+        if not layer_ids:
+            dflash = getattr(config, "dflash", None)
+            if dflash:
+                layer_ids = dflash.get("ids")
+        return layer_ids
+'''
+RUNNER_FIX = RUNNER_BASE.replace(b'''                layer_ids = dflash.get("ids")
+''', b'''                # DFlash ids name the layer whose output is read.
+                layer_ids = [layer_id + 1 for layer_id in dflash.get("ids") or []]
+''')
+# Upstream's version of the fix: other comment, names, parentheses and line
+# breaks, next to unrelated edits in the same function and file.
+RUNNER_UPSTREAM = b'''import os
+
+
+class Runner:
+    def aux_layers(self, config):
+        """Which layers feed the drafter."""
+        layer_ids = getattr(config, "eagle_ids", None)
+        if not layer_ids:
+            dflash = getattr(config, "dflash", None)
+            eagle = getattr(config, "eagle", None)
+
+            if dflash:
+                # Add 1: DFlash's semantics
+                layer_ids = [
+                    i + 1 for i in (dflash.get("ids") or [])
+                ]
+
+            if eagle:
+                layer_ids = eagle.get("ids")
+        return layer_ids
+
+    def other(self):
+        return os.sep
+'''
+
+
+def _runner_series(repo):
+    files = {**BASE_FILES, RUNNER: RUNNER_BASE}
+    for name, target in repo.config().targets.items():
+        repo.pin(name, make_base_wheel(repo.bases, target, files))
+    repo.write_patch("0001-shift-dflash-ids", RUNNER, RUNNER_BASE, RUNNER_FIX,
+                     fields="Origin: backport, https://github.com/vllm-project/vllm/pull/40727\n"
+                            "Applied-Upstream: 0.22.0\n")
+
+
+def _check_runner(repo, tmp_path, upstream: bytes):
+    wheel = _upstream(tmp_path, {RUNNER: upstream, **{k: v for k, v in BASE_FILES.items() if k.endswith(".py")}})
+    return run_tool(repo, "check", "--against", str(wheel), "--target", "cpu")
+
+
+def test_check_sees_a_restyled_backport_in_upstream(fork_repo, tmp_path):
+    _runner_series(fork_repo)
+    result = _check_runner(fork_repo, tmp_path, RUNNER_UPSTREAM)
+    assert "0001-shift-dflash-ids.patch  already in upstream" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0
+
+
+@pytest.mark.parametrize("upstream", [
+    # a different change in the same place
+    RUNNER_UPSTREAM.replace(b"i + 1 for i", b"i + 2 for i"),
+    # the new statement, but in another block
+    RUNNER_BASE.replace(b"        return layer_ids\n",
+                        b"        if config:\n"
+                        b"            layer_ids = [i + 1 for i in dflash.get('ids') or []]\n"
+                        b"        return layer_ids\n"),
+    # the new statement next to the one it replaces
+    RUNNER_BASE.replace(b'''                layer_ids = dflash.get("ids")
+''', b'''                layer_ids = dflash.get("ids")
+                layer_ids = [i + 1 for i in dflash.get("ids") or []]
+'''),
+], ids=["different-change", "other-block", "old-statement-kept"])
+def test_check_does_not_mistake_other_code_for_the_backport(fork_repo, tmp_path, upstream):
+    _runner_series(fork_repo)
+    result = _check_runner(fork_repo, tmp_path, upstream)
+    assert "already in upstream" not in result.stdout, result.stdout
+    assert "0001-shift-dflash-ids.patch" in result.stdout
+
+
+def test_python_change_present_compares_statements():
+    from forkbuild.samecode import python_change_present
+
+    old = b"def f(xs):\n    return [x for x in xs]\n"
+    new = b"def f(xs):\n    return [(y, z) for y in xs for z in xs if y]  # pairs\n"
+    same = b"def f(xs):\n    # pairs of xs\n    return [\n        (a, b)\n        for a in xs\n        for b in xs\n        if a\n    ]\n"
+    swapped = b"def f(xs):\n    return [(b, a) for a in xs for b in xs if a]\n"
+    assert python_change_present(old, new, same) is True
+    assert python_change_present(old, new, swapped) is False
+    assert python_change_present(old, new, old) is False
+    lam = b"def f(xs):\n    return sorted(xs, key=lambda item: -item)\n"
+    assert python_change_present(old, lam, lam.replace(b"item", b"v")) is True
+    assert python_change_present(old, lam, lam.replace(b"-item", b"-xs")) is False
+    # a name bound outside the comprehension is not renamed
+    assert python_change_present(old, new, new.replace(b"in xs for", b"in ys for")) is False
+    # no statement changed, or nothing to parse: no verdict
+    assert python_change_present(old, old.replace(b"\n", b"  # c\n", 1), old) is None
+    assert python_change_present(b"line 1\n", b"line 2\n", b"line 2\n") is None

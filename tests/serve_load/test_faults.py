@@ -130,7 +130,7 @@ def test_malformed_json_is_a_400(live_server, references, path, raw):
     sl.assert_still_serving(srv, references)
 
 
-@pytest.mark.needs_patch("0007")
+@pytest.mark.needs_patch("0008")
 @pytest.mark.parametrize("body", [[1, 2], "a prompt", None, 42, True])
 def test_request_models_refuse_json_that_is_not_an_object(body):
     """No server: what the route's body validation does with such input."""
@@ -144,7 +144,7 @@ def test_request_models_refuse_json_that_is_not_an_object(body):
             model.model_validate(body)
 
 
-@pytest.mark.needs_patch("0007")
+@pytest.mark.needs_patch("0008")
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"a prompt"', b"null", b"42"],
                          ids=["array", "string", "null", "number"])

@@ -98,6 +98,19 @@ def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, 
     return generate_pair(tmp_path_factory.mktemp(name), acceptance, seed=0, **kw)
 
 
+def start_dflash_fp8(name: str, pair: tuple[str, str]):
+    """A DFlash engine on ``pair`` with an fp8 KV cache (skips where the CPU
+    cannot hold one)."""
+    skip_if_kv_dtype_unsupported("fp8")
+    target, draft = pair
+    return start_llm(
+        (name, "fp8"),
+        model=target,
+        kv_cache_dtype="fp8",
+        speculative_config=dflash_spec_config(draft),
+    )
+
+
 def dflash_spec_config(draft_dir: str, **extra) -> dict:
     cfg = {
         "method": "dflash",
@@ -163,7 +176,6 @@ def worker_kv_state(worker) -> dict:
             "tensor_shape": tuple(kv.shape),
             "k_scale": float(layer._k_scale_float),
             "v_scale": float(layer._v_scale_float),
-            "has_k_scale_param": isinstance(getattr(layer, "k_scale", None), torch.nn.Parameter),
         }
     cfg = runner.kv_cache_config
     return {
@@ -207,6 +219,49 @@ def worker_read_qsl_probe(worker) -> dict:
         "arange": str(drafter.arange.dtype),
         "calls": list(drafter._e2e_probe),
     }
+
+
+def _target_model(worker):
+    model = worker.model_runner.get_model()
+    return model.get_language_model() if hasattr(model, "get_language_model") else model
+
+
+def worker_aux_layers(worker) -> tuple[int, ...]:
+    """The ids of the target's layers whose hidden states feed the drafter."""
+    return tuple(_target_model(worker).model.aux_hidden_state_layers)
+
+
+def worker_set_aux_layers(worker, layers) -> tuple[int, ...]:
+    _target_model(worker).set_aux_hidden_state_layers(tuple(layers))
+    return worker_aux_layers(worker)
+
+
+def worker_record_first_propose(worker) -> str:
+    """Keep (on CPU) the target inputs of the drafter's next propose call."""
+    drafter = worker.model_runner.drafter
+    if getattr(drafter, "_e2e_proposals", None) is not None:
+        drafter._e2e_proposals.clear()
+        return "reset"
+    calls: list = []
+    orig = drafter.propose
+
+    def propose(*args, **kwargs):
+        if not calls:
+            calls.append(
+                {
+                    k: kwargs[k].detach().to("cpu", copy=True)
+                    for k in ("target_token_ids", "target_positions", "target_hidden_states")
+                }
+            )
+        return orig(*args, **kwargs)
+
+    drafter.propose = propose
+    drafter._e2e_proposals = calls
+    return "installed"
+
+
+def worker_read_first_propose(worker) -> list:
+    return list(worker.model_runner.drafter._e2e_proposals)
 
 
 import sys as _sys  # noqa: E402

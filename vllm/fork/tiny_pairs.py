@@ -1,6 +1,6 @@
 """Tiny, seeded Qwen3 target + DFlash drafter pairs, generated locally.
 
-    python -m vllm.fork.tiny_pairs --out DIR [--acceptance none|partial|full]
+    python -m vllm.fork.tiny_pairs --out DIR [--acceptance none|partial|full|trained]
                                    [--seed N] [--draft-kv-scales K V]
 
 writes ``DIR/target`` (a ``Qwen3ForCausalLM``) and ``DIR/draft`` (a DFlash
@@ -9,8 +9,9 @@ drafter in the z-lab layout: ``architectures: ["DFlashDraftModel"]``,
 target_layer_ids}``; its checkpoint has no ``embed_tokens``/``lm_head``, so
 vLLM shares the target's, as with z-lab drafters). Both directories carry the
 same local byte-level tokenizer (``PreTrainedTokenizerFast`` with a chat
-template) and bf16 safetensors weights. No network access is needed, and the
-same arguments give byte-identical files.
+template) and bf16 safetensors weights (fp32 for a trained drafter). No
+network access is needed, and the same arguments give byte-identical files
+(for ``trained``: on the same machine and torch version).
 
 Sizes are chosen for vLLM's CPU backend: head_dim 64 (CPU attention supports
 it, and it is a multiple of 32 as the fp8 KV cache on CPU requires), hidden
@@ -40,6 +41,18 @@ Acceptance knob -- how a draft compares with the target under greedy decoding:
     target keeps ``h[D] = C`` but its final norm weight is all ones, so its
     random logits compete with the ``FULL_TOKEN`` bias: the target emits
     ``FULL_TOKEN`` at some positions only, and drafts are partly accepted.
+``trained``
+    the ``none`` target, and a drafter trained (10-30 s on 2 CPU cores)
+    against it, on the features the DFlash convention gives it: the outputs
+    of target layers ``TARGET_LAYER_IDS`` (transformers' ``hidden_states[id +
+    1]``), for the greedy continuations of :func:`trained_prompts`. The
+    random target is chaotic, so the drafter can only learn those
+    continuations by keying on the context features: fed exactly these
+    features (in fp32, greedy, ``TRAINED_NEW_TOKENS`` tokens) it drafts
+    nearly every token; fed the outputs of other layers, or nothing, far
+    fewer. ``draft/dflash_training.json`` records the prompts and the
+    acceptance counts :mod:`vllm.fork.dflash_reference` measured with the
+    right layers, the layers one below, and no features.
 
 ``--draft-kv-scales K V`` makes the drafter checkpoint declare an fp8
 quantization config (``quant_method: fp8``, static activations, every linear
@@ -52,11 +65,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 from pathlib import Path
 
 import torch
 
-__all__ = ["generate_pair", "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE"]
+__all__ = ["generate_pair", "trained_prompts", "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE"]
 
 # --- vocabulary: 256 byte tokens + 4 special tokens -------------------------
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
@@ -83,6 +97,18 @@ CONST_DIM = 7  # residual-stream dimension D held constant
 CONST_VALUE = 1.0  # C
 FULL_TOKEN = ord("a")  # byte tokens have id == byte value
 FULL_BIAS = {"full": 1.0, "partial": 10.0}  # B / sqrt(hidden); partial: tuned
+
+# --- trained drafter (acceptance "trained") ----------------------------------
+TRAINED_NUM_PROMPTS = 6
+TRAINED_PROMPT_LEN = 12
+TRAINED_NEW_TOKENS = 64
+TRAIN_STEPS = 80  # the loss is ~1e-3 by then
+TRAIN_LR = 3e-3
+# Logits of the random drafter are ~16 wide (lm_head rows have std 1): a
+# smaller final norm weight starts training from unsaturated logits.
+TRAIN_INIT_NORM = 0.3
+TRAINING_RECORD = "dflash_training.json"
+ACCEPTANCE_MODES = ("none", "partial", "full", "trained")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -193,19 +219,73 @@ def _layer_weights(rng: _Rng, prefix: str, const_dim: bool) -> dict[str, torch.T
     return w
 
 
-def _save(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
+def _save(
+    out: Path, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    config = {**config, "torch_dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    # Weights are stored in bf16; KV-cache scales stay float32 (as in fp8
-    # checkpoints).
+    # KV-cache scales stay float32 (as in fp8 checkpoints).
     tensors = {
-        k: (v if k.endswith("_scale") else v.to(torch.bfloat16)).contiguous()
+        k: (v if k.endswith("_scale") else v.to(dtype)).contiguous()
         for k, v in sorted(weights.items())
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(out)
+
+
+def trained_prompts(seed: int = 0) -> list[list[int]]:
+    """Token ids (lowercase letters) of the prompts a ``trained`` drafter learns."""
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(ord("a"), ord("z") + 1) for _ in range(TRAINED_PROMPT_LEN)]
+        for _ in range(TRAINED_NUM_PROMPTS)
+    ]
+
+
+def _train_draft(
+    target_dir: Path, draft_weights: dict[str, torch.Tensor], seed: int
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """Fit the drafter to the target's continuations; return weights + record."""
+    from transformers import Qwen3ForCausalLM
+
+    from vllm.fork import dflash_reference as ref
+
+    shape = ref.DraftShape(
+        HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, DRAFT_LAYERS,
+        DFLASH_BLOCK_SIZE, ROPE_THETA,
+    )
+    target = Qwen3ForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    embed = target.model.embed_tokens.weight.detach()
+    lm_head = target.lm_head.weight.detach()
+    init = dict(draft_weights, **{"norm.weight": draft_weights["norm.weight"] * TRAIN_INIT_NORM})
+    prompts = trained_prompts(seed)
+    with torch.no_grad():
+        seqs = ref.greedy_continuations(target, prompts, TRAINED_NEW_TOKENS)
+        features = {
+            "right": ref.target_features(target, seqs, TARGET_LAYER_IDS),
+            "one_below": ref.target_features(target, seqs, [i - 1 for i in TARGET_LAYER_IDS]),
+        }
+        features["none"] = torch.zeros_like(features["right"])
+    trained = ref.train_drafter(
+        init, shape, embed, lm_head, seqs, features["right"], TRAINED_PROMPT_LEN - 1,
+        MASK_TOKEN, steps=TRAIN_STEPS, lr=TRAIN_LR,
+    )
+    record = {
+        "prompt_token_ids": prompts,
+        "continuations": seqs[:, TRAINED_PROMPT_LEN:].tolist(),
+        "target_layer_ids": list(TARGET_LAYER_IDS),
+        # [drafts, accepted at draft position 1, 2, ...] per feature choice
+        "reference_acceptance": {
+            name: ref.simulate_acceptance(
+                trained, shape, embed, lm_head, seqs, f, TRAINED_PROMPT_LEN, MASK_TOKEN
+            )
+            for name, f in features.items()
+        },
+    }
+    return trained, record
 
 
 def generate_pair(
@@ -216,11 +296,11 @@ def generate_pair(
     draft_kv_scales: tuple[float, float] | None = None,
 ) -> tuple[str, str]:
     """Write a target/drafter pair under ``out_dir``; return their paths."""
-    if acceptance not in ("none", "partial", "full"):
-        raise ValueError(f"acceptance must be none, partial or full: {acceptance!r}")
+    if acceptance not in ACCEPTANCE_MODES:
+        raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}: {acceptance!r}")
     out = Path(out_dir)
     target_dir, draft_dir = out / "target", out / "draft"
-    degenerate = acceptance != "none"
+    degenerate = acceptance in ("partial", "full")
     rng = _Rng(seed)
 
     # ---- target -------------------------------------------------------------
@@ -285,14 +365,19 @@ def generate_pair(
             "ignored_layers": ignored,
             "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
         }
-    _save(draft_dir, dconf, dw)
+    if acceptance == "trained":
+        dw, record = _train_draft(target_dir, dw, seed)
+        _save(draft_dir, dconf, dw, dtype=torch.float32)
+        (draft_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    else:
+        _save(draft_dir, dconf, dw)
     return str(target_dir), str(draft_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--acceptance", choices=["none", "partial", "full"], default="none")
+    ap.add_argument("--acceptance", choices=ACCEPTANCE_MODES, default="none")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--draft-kv-scales",
