@@ -1,0 +1,224 @@
+"""Helpers for the CUDA DFlash suite (tests/gpu), on top of dflash_e2e.
+
+One engine is alive at a time (dflash_e2e.start_llm shuts the previous one
+down). :class:`Matrix` computes what each (kv dtype, drafter backend, CUDA
+graphs) case needs once -- target-only reference, DFlash engine on the
+partial pair, DFlash engine on the full-acceptance pair -- keeps the results
+as plain data and shuts the engine down, so every test of a case reads the
+same measurements and no engine is started twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dflash_e2e as e2e
+import gpu_backends as gb
+
+CUDA_SKIP_REASON = (
+    "no CUDA device: torch.cuda.is_available() is False. tests/gpu runs DFlash with "
+    "fp8 KV caches on an NVIDIA GPU; run it there with `bash tools/run_gpu_checks.sh "
+    "REPORT_DIR` (installs the CUDA build, runs tests/gpu and a short benchmark)"
+)
+
+# Equal KV memory for every engine, so block counts compare directly.
+KV_MEMORY_BYTES = 256 << 20
+ENGINE_KW = {
+    "kv_cache_memory_bytes": KV_MEMORY_BYTES,
+    "gpu_memory_utilization": 0.5,
+}
+# full: CUDA graphs on and off for every supported case. quick (what
+# tools/run_gpu_checks.sh runs by default): graphs on only for auto and fp8
+# (fp8_e4m3 is fp8 on CUDA; graph capture does not depend on the fp8 flavour).
+MATRIX_ENV = "VLLM_FORK_GPU_MATRIX"
+# Two greedy runs over different kernels (decode vs. a verified draft block)
+# agree bit for bit only up to floating-point ties: where the target's top-2
+# logits are closer than this, a flip is numerics, not a lossless-ness bug.
+TIE_LOGPROB_GAP = 0.05
+REPORT_DIR_ENV = "VLLM_FORK_GPU_REPORT_DIR"
+
+
+def cuda_skip_reason() -> str | None:
+    return None if torch.cuda.is_available() else CUDA_SKIP_REASON
+
+
+def matrix_mode() -> str:
+    mode = os.environ.get(MATRIX_ENV, "full")
+    if mode not in ("full", "quick"):
+        raise ValueError(f"{MATRIX_ENV}={mode!r}: use full or quick")
+    return mode
+
+
+def eager_modes(kv_dtype: str) -> tuple[bool, ...]:
+    if matrix_mode() == "quick" and kv_dtype not in ("auto", "fp8"):
+        return (True,)
+    return (True, False)
+
+
+def case_id(kv_dtype: str, backend: str, eager: bool | None = None) -> str:
+    tail = "" if eager is None else ("-eager" if eager else "-graphs")
+    return f"{backend}-{kv_dtype}{tail}"
+
+
+def tiny_head_size() -> int:
+    from vllm.fork import tiny_pairs
+
+    return tiny_pairs.HEAD_DIM
+
+
+def expected_blocks(pair_config: dict, kv_dtype: str, block_size: int,
+                    memory_bytes: int = KV_MEMORY_BYTES) -> tuple[int, int]:
+    """(blocks, bytes per block over all attention layers) at ``memory_bytes``:
+    every target and draft layer keeps K and V for ``block_size`` tokens."""
+    elem = e2e.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
+    per_block = 0
+    for cfg in pair_config.values():
+        head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_block += cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * block_size * head * elem
+    return memory_bytes // per_block, per_block
+
+
+def pair_config(pair: tuple[str, str]) -> dict:
+    target, draft = pair
+    return {role: json.loads((Path(d) / "config.json").read_text())
+            for role, d in (("target", target), ("draft", draft))}
+
+
+def greedy_with_logprobs(llm, prompts, max_tokens: int):
+    """Greedy ids and, per output position, the gap between the top-2 logprobs."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    ids, gaps = [], []
+    for o in outs:
+        ids.append(list(o.outputs[0].token_ids))
+        row = []
+        for pos in o.outputs[0].logprobs:
+            vals = sorted((lp.logprob for lp in pos.values()), reverse=True)
+            row.append(vals[0] - vals[1] if len(vals) > 1 else float("inf"))
+        gaps.append(row)
+    return ids, gaps
+
+
+def compare_greedy(got: list[int], want: list[int], gaps: list[float]) -> dict:
+    """Where ``got`` first leaves ``want``, and whether the target had a
+    floating-point tie (top-2 gap < TIE_LOGPROB_GAP) there."""
+    first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if first is None and len(got) != len(want):
+        first = min(len(got), len(want))
+    if first is None:
+        return {"equal": True, "first_diff": None, "gap": None, "tie": False}
+    gap = gaps[first] if first < len(gaps) else None
+    return {"equal": False, "first_diff": first, "gap": gap,
+            "tie": gap is not None and gap < TIE_LOGPROB_GAP}
+
+
+def mean_acceptance(metrics: dict) -> tuple[float, int, int]:
+    drafts = metrics.get("vllm:spec_decode_num_drafts", 0)
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
+    return (1 + accepted / drafts if drafts else float("nan")), drafts, accepted
+
+
+class Matrix:
+    """Per-case engine results, computed on first use and cached (errors too)."""
+
+    def __init__(self, partial_pair, full_pair, measurements: dict):
+        self.partial_pair = partial_pair
+        self.full_pair = full_pair
+        self.measurements = measurements
+        self._cache: dict = {}
+
+    def _cached(self, key, fn):
+        if key not in self._cache:
+            try:
+                self._cache[key] = (True, fn())
+            except Exception as e:
+                self._cache[key] = (False, e)
+                e2e.shutdown_llm()
+                raise
+        ok, value = self._cache[key]
+        if not ok:
+            raise RuntimeError(f"{key} failed earlier in this session: {value!r}") from value
+        return value
+
+    def _engine_kw(self, kv_dtype: str, eager: bool) -> dict:
+        return {"kv_cache_dtype": kv_dtype, "enforce_eager": eager, **ENGINE_KW}
+
+    def reference(self, kv_dtype: str, eager: bool) -> dict:
+        def run():
+            target, _ = self.partial_pair
+            llm = e2e.start_llm(("gpu-target", kv_dtype, eager), model=target,
+                                **self._engine_kw(kv_dtype, eager))
+            ids, gaps = greedy_with_logprobs(llm, e2e.PROMPTS, e2e.MAX_TOKENS)
+            state = llm.collective_rpc(e2e.worker_kv_state)[0]
+            e2e.shutdown_llm()
+            self.measurements[f"blocks target-only kv={kv_dtype} eager={eager}"] = state["num_blocks"]
+            return {"ids": ids, "gaps": gaps, "state": state}
+
+        return self._cached(("reference", kv_dtype, eager), run)
+
+    def dflash(self, kv_dtype: str, backend: str, eager: bool) -> dict:
+        def run():
+            self.reference(kv_dtype, eager)
+            target, draft = self.partial_pair
+            t0 = time.monotonic()
+            llm = e2e.start_llm(
+                ("gpu-dflash-partial", kv_dtype, backend, eager), model=target,
+                speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
+                **self._engine_kw(kv_dtype, eager),
+            )
+            start_s = time.monotonic() - t0
+            llm.collective_rpc(e2e.worker_install_qsl_probe)
+            ids, _ = e2e.generate_ids(llm)
+            out = {
+                "ids": ids,
+                "state": llm.collective_rpc(e2e.worker_kv_state)[0],
+                "qsl": llm.collective_rpc(e2e.worker_read_qsl_probe)[0],
+                "metrics": e2e.spec_metrics(llm),
+                "start_s": start_s,
+            }
+            e2e.shutdown_llm()
+            return out
+
+        return self._cached(("dflash", kv_dtype, backend, eager), run)
+
+    def full(self, kv_dtype: str, backend: str, eager: bool) -> dict:
+        def run():
+            target, draft = self.full_pair
+            llm = e2e.start_llm(
+                ("gpu-dflash-full", kv_dtype, backend, eager), model=target,
+                speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
+                **self._engine_kw(kv_dtype, eager),
+            )
+            ids, _ = e2e.generate_ids(llm)
+            out = {"ids": ids, "metrics": e2e.spec_metrics(llm)}
+            e2e.shutdown_llm()
+            return out
+
+        return self._cached(("full", kv_dtype, backend, eager), run)
+
+
+def run_start_errors(cases: list[dict], workdir: Path, timeout: float = 900) -> dict:
+    """Run tests/support/engine_start_errors.py on ``cases`` in a subprocess."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cases_path, results_path = workdir / "cases.json", workdir / "results.json"
+    cases_path.write_text(json.dumps(cases, indent=2))
+    log = workdir / "engine_start_errors.log"
+    script = Path(__file__).resolve().parent / "engine_start_errors.py"
+    with open(log, "w") as logf:
+        proc = subprocess.run([sys.executable, str(script), str(cases_path), str(results_path)],
+                              stdout=logf, stderr=subprocess.STDOUT, timeout=timeout)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    tail = log.read_text(errors="replace")[-3000:]
+    for case in cases:
+        results.setdefault(case["id"], {"started": None, "chain": [],
+                                        "harness": f"exit {proc.returncode}; log tail:\n{tail}"})
+    return results
