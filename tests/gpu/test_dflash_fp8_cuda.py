@@ -93,13 +93,18 @@ def test_kv_capacity_follows_kv_dtype(case, matrix, partial_pair, measurements):
     the 4 target + 2 draft layers (fp8: 1 byte per element)."""
     kv, backend, eager = case
     state = matrix.dflash(kv, backend, eager)["state"]
+    memory = state["kv_cache_memory_bytes"]
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():  # (the CPU backend lets VLLM_CPU_KVCACHE_SPACE win)
+        assert memory == gpu_e2e.KV_MEMORY_BYTES, memory
     expected, per_block = gpu_e2e.expected_blocks(gpu_e2e.pair_config(partial_pair), kv,
-                                                  state["block_size"])
+                                                  state["block_size"], memory)
     measured = state["num_blocks"]
     measurements[f"kv blocks {gpu_e2e.case_id(*case)}"] = measured
     measurements[f"kv tokens {gpu_e2e.case_id(*case)}"] = measured * state["block_size"]
     print(f"\n[gpu] {gpu_e2e.case_id(*case)}: {measured} blocks of {state['block_size']} tokens "
-          f"(expected {expected}: {per_block} B/block in {gpu_e2e.KV_MEMORY_BYTES} B)")
+          f"(expected {expected}: {per_block} B/block in {memory} B)")
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
