@@ -281,6 +281,21 @@ def device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def document(args, results: dict, wall_s: float) -> dict:
+    import vllm
+
+    return {
+        "device": device_name(),
+        "vllm": vllm.__version__,
+        "models": {"target": args.target or f"tiny pair ({args.pair})",
+                   "draft": args.draft or f"tiny pair ({args.pair})"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "replot")},
+        "wall_s": round(wall_s, 1),
+        "results": results,
+        "ratios": ratios(results),
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("bench-dflash-fp8"), help="output directory")
@@ -344,7 +359,8 @@ def main(argv=None) -> int:
             from vllm.fork.tiny_pairs import generate_pair
 
             target, draft = generate_pair(Path(tmp) / "pair", args.pair, seed=0)
-        results = {}
+        results: dict = {}
+        json_path = args.out / "bench_dflash_fp8.json"
         for spec, kv in configs:
             try:
                 results[f"{spec}-{kv}"] = run_config(spec, kv, target, draft, args, args.out)
@@ -354,21 +370,10 @@ def main(argv=None) -> int:
                                            "kv_capacity": {"tokens": None, "num_gpu_blocks": None,
                                                            "block_size": None},
                                            "error": str(e)[-3000:]}
-    rat = ratios(results)
-    import vllm
-
-    doc = {
-        "device": device_name(),
-        "vllm": vllm.__version__,
-        "models": {"target": args.target or f"tiny pair ({args.pair})",
-                   "draft": args.draft or f"tiny pair ({args.pair})"},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-        "wall_s": round(time.monotonic() - t_start, 1),
-        "results": results,
-        "ratios": rat,
-    }
-    json_path = args.out / "bench_dflash_fp8.json"
-    json_path.write_text(json.dumps(doc, indent=2, default=str))
+            # Written after every config, so a run cut short keeps what it measured.
+            doc = document(args, results, time.monotonic() - t_start)
+            json_path.write_text(json.dumps(doc, indent=2, default=str))
+    rat = doc["ratios"]
     print_tables(results, rat)
     print(f"\n[bench] {doc['device']}, vllm {doc['vllm']}, {doc['wall_s']} s; results: {json_path}")
     plot(results, args.out / "bench_dflash_fp8.png",

@@ -9,7 +9,9 @@ supported is vLLM's own answer (tests/support/gpu_backends.py) for this GPU:
   KV capacity at equal memory (and fp8/auto ~ 2), int32 drafter inputs,
   greedy DFlash == target-only token for token, the full-acceptance pair
   accepts every draft (mean acceptance length k+1); CUDA graphs on and off;
-* not supported: tests/gpu/test_dflash_unsupported_cuda.py.
+* not supported: tests/gpu/test_dflash_backend_errors_cuda.py.
+
+VLLM_FORK_GPU_MATRIX=quick trims the matrix (tests/support/gpu_e2e.py).
 
 Tiny generated pairs only (vllm.fork.tiny_pairs); nothing is downloaded.
 """
@@ -47,10 +49,11 @@ def _gap(kv: str, backend: str) -> str | None:
     return gb.runtime_gap(backend, kv) or (target_backend and gb.runtime_gap(target_backend, kv))
 
 
-def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False, quantized_only: bool = False):
+def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False,
+                    quantized_only: bool = False, deep: bool = False):
     params = []
     for (backend, kv), reasons in TABLE.items():
-        if reasons or (quantized_only and kv == "auto"):
+        if reasons or (quantized_only and kv == "auto") or not gpu_e2e.in_matrix(kv, deep):
             continue
         for eager in ((True,) if eager_only else gpu_e2e.eager_modes(kv)):
             marks = []
@@ -108,7 +111,7 @@ def test_kv_capacity_follows_kv_dtype(case, matrix, partial_pair, measurements):
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
-@supported_cases(quantized_only=True)
+@supported_cases(quantized_only=True, eager_only=gpu_e2e.matrix_mode() == "quick")
 def test_kv_capacity_ratio_fp8_over_auto(case, matrix, measurements):
     kv, backend, eager = case
     if TABLE[(backend, "auto")]:
@@ -134,7 +137,7 @@ def test_drafter_query_start_loc_is_int32(case, matrix):
 
 
 # 4 -----------------------------------------------------------------------
-@supported_cases()
+@supported_cases(deep=True)
 def test_greedy_dflash_is_lossless(case, matrix, measurements):
     kv, backend, eager = case
     run = matrix.dflash(kv, backend, eager)
@@ -160,7 +163,7 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
 
 
 # 5 -----------------------------------------------------------------------
-@supported_cases(eager_only=gpu_e2e.matrix_mode() == "quick")
+@supported_cases(deep=True, eager_only=gpu_e2e.matrix_mode() == "quick")
 def test_full_acceptance_pair_accepts_every_draft(case, matrix, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 
