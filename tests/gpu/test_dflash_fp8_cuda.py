@@ -9,7 +9,9 @@ supported is vLLM's own answer (tests/support/gpu_backends.py) for this GPU:
   KV capacity at equal memory (and fp8/auto ~ 2), int32 drafter inputs,
   greedy DFlash == target-only token for token, the full-acceptance pair
   accepts every draft (mean acceptance length k+1); CUDA graphs on and off;
-* not supported: tests/gpu/test_dflash_unsupported_cuda.py.
+* not supported: tests/gpu/test_dflash_backend_errors_cuda.py.
+
+VLLM_FORK_GPU_MATRIX=quick trims the matrix (tests/support/gpu_e2e.py).
 
 Tiny generated pairs only (vllm.fork.tiny_pairs); nothing is downloaded.
 """
@@ -47,10 +49,11 @@ def _gap(kv: str, backend: str) -> str | None:
     return gb.runtime_gap(backend, kv) or (target_backend and gb.runtime_gap(target_backend, kv))
 
 
-def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False, quantized_only: bool = False):
+def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False,
+                    quantized_only: bool = False, deep: bool = False):
     params = []
     for (backend, kv), reasons in TABLE.items():
-        if reasons or (quantized_only and kv == "auto"):
+        if reasons or (quantized_only and kv == "auto") or not gpu_e2e.in_matrix(kv, deep):
             continue
         for eager in ((True,) if eager_only else gpu_e2e.eager_modes(kv)):
             marks = []
@@ -93,17 +96,22 @@ def test_kv_capacity_follows_kv_dtype(case, matrix, partial_pair, measurements):
     the 4 target + 2 draft layers (fp8: 1 byte per element)."""
     kv, backend, eager = case
     state = matrix.dflash(kv, backend, eager)["state"]
+    memory = state["kv_cache_memory_bytes"]
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():  # (the CPU backend lets VLLM_CPU_KVCACHE_SPACE win)
+        assert memory == gpu_e2e.KV_MEMORY_BYTES, memory
     expected, per_block = gpu_e2e.expected_blocks(gpu_e2e.pair_config(partial_pair), kv,
-                                                  state["block_size"])
+                                                  state["block_size"], memory)
     measured = state["num_blocks"]
     measurements[f"kv blocks {gpu_e2e.case_id(*case)}"] = measured
     measurements[f"kv tokens {gpu_e2e.case_id(*case)}"] = measured * state["block_size"]
     print(f"\n[gpu] {gpu_e2e.case_id(*case)}: {measured} blocks of {state['block_size']} tokens "
-          f"(expected {expected}: {per_block} B/block in {gpu_e2e.KV_MEMORY_BYTES} B)")
+          f"(expected {expected}: {per_block} B/block in {memory} B)")
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
-@supported_cases(quantized_only=True)
+@supported_cases(quantized_only=True, eager_only=gpu_e2e.matrix_mode() == "quick")
 def test_kv_capacity_ratio_fp8_over_auto(case, matrix, measurements):
     kv, backend, eager = case
     if TABLE[(backend, "auto")]:
@@ -129,7 +137,7 @@ def test_drafter_query_start_loc_is_int32(case, matrix):
 
 
 # 4 -----------------------------------------------------------------------
-@supported_cases()
+@supported_cases(deep=True)
 def test_greedy_dflash_is_lossless(case, matrix, measurements):
     kv, backend, eager = case
     run = matrix.dflash(kv, backend, eager)
@@ -155,7 +163,7 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
 
 
 # 5 -----------------------------------------------------------------------
-@supported_cases(eager_only=gpu_e2e.matrix_mode() == "quick")
+@supported_cases(deep=True, eager_only=gpu_e2e.matrix_mode() == "quick")
 def test_full_acceptance_pair_accepts_every_draft(case, matrix, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 

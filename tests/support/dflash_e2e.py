@@ -182,6 +182,7 @@ def worker_kv_state(worker) -> dict:
         "layers": layers,
         "num_blocks": int(cfg.num_blocks),
         "block_size": int(runner.cache_config.block_size),
+        "kv_cache_memory_bytes": runner.cache_config.kv_cache_memory_bytes,
         "draft_names": sorted(draft_names),
     }
 
