@@ -105,7 +105,8 @@ def bench_level(srv: VllmServer, model: str, tokenizer: str, concurrency: int, a
         "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-        "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+        # Greedy, as DFlash is evaluated: vllm bench serve no longer defaults to it.
+        "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm",
         "--num-warmups", str(min(concurrency, args.warmups)),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(raw_dir), "--result-filename", name,
