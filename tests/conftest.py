@@ -7,6 +7,9 @@ from pathlib import Path
 # (dflash_e2e, vllm_server): importable by their plain names.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
+# The tiny model pairs, as session fixtures for every directory.
+pytest_plugins = ["tiny_pair_fixtures"]
+
 
 def pytest_configure(config):
     # A test marked needs_patch("NNNN") guards patch NNNN of patches/series: a

@@ -23,16 +23,6 @@ _measured: dict = {}
 
 
 @pytest.fixture(scope="session")
-def partial_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "gpu-partial", "partial")
-
-
-@pytest.fixture(scope="session")
-def full_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "gpu-full", "full")
-
-
-@pytest.fixture(scope="session")
 def measurements():
     return _measured
 

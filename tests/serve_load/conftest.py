@@ -14,23 +14,18 @@ from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 
 
 @pytest.fixture(scope="session")
-def serve_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "serve-load", "partial")
-
-
-@pytest.fixture(scope="session")
 def load_jobs():
     return sl.load_jobs()
 
 
 @pytest.fixture(scope="session")
-def references(serve_pair, load_jobs):
+def references(partial_pair, load_jobs):
     """Target-only greedy outputs (same KV dtype, no drafter) for every job
     the tests check, from one offline engine that is shut down again."""
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     e2e.skip_if_kv_dtype_unsupported(sl.KV_DTYPE)
-    target, _ = serve_pair
+    target, _ = partial_pair
     llm = e2e.start_llm(("serve-load-target", sl.KV_DTYPE), model=target,
                         kv_cache_dtype=sl.KV_DTYPE, max_model_len=sl.MAX_MODEL_LEN)
     try:
@@ -43,8 +38,8 @@ def references(serve_pair, load_jobs):
 
 
 @pytest.fixture(scope="session")
-def server(references, serve_pair, tmp_path_factory):
-    target, draft = serve_pair
+def server(references, partial_pair, tmp_path_factory):
+    target, draft = partial_pair
     srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(draft)),
                      tmp_path_factory.mktemp("serve-load") / "server.log", env=sl.SERVER_ENV)
     try:

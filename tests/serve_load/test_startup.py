@@ -21,10 +21,10 @@ def _spec(draft: str, **override) -> str:
 
 
 @pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft"])
-def test_invalid_speculative_config_exits_with_a_clear_message(case, serve_pair, tmp_path, figures):
+def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pair, tmp_path, figures):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
-    target, draft = serve_pair
+    target, draft = partial_pair
     spec, expected = {
         "not-json": ('{"method": "dflash", "model": ', "argument --speculative-config"),
         "unknown-method": (_spec(draft, method="dflash2"), "'dflash'"),

@@ -1,0 +1,35 @@
+"""Session fixtures for the generated tiny target + DFlash drafter pairs
+(vllm.fork.tiny_pairs), shared by every test directory; a pair is generated
+only when a test asks for it."""
+
+from __future__ import annotations
+
+import pytest
+
+import dflash_e2e as e2e
+
+
+@pytest.fixture(scope="session")
+def partial_pair(tmp_path_factory):
+    return e2e.make_pair(tmp_path_factory, "partial", "partial")
+
+
+@pytest.fixture(scope="session")
+def random_pair(tmp_path_factory):
+    return e2e.make_pair(tmp_path_factory, "none", "none")
+
+
+@pytest.fixture(scope="session")
+def full_pair(tmp_path_factory):
+    return e2e.make_pair(tmp_path_factory, "full", "full")
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory):
+    """A drafter trained against its target (10-30 s on 2 idle cores)."""
+    return e2e.make_pair(tmp_path_factory, "trained", "trained")
+
+
+@pytest.fixture(scope="session")
+def kv_scales_pair(tmp_path_factory):
+    return e2e.make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
