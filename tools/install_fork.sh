@@ -4,6 +4,8 @@
 # auto (default): cuda when an NVIDIA GPU answers nvidia-smi, else cpu.
 # Env: VLLM_FORK_VENV (default .venv), PYTHON (default python3), and the
 # build's own VLLM_FORK_BASE_WHEEL / VLLM_FORK_OFFLINE for offline machines.
+# VLLM_FORK_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages,
+# so an image's own torch (e.g. a CUDA build on an offline GPU box) is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -23,7 +25,9 @@ esac
 
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
+  VENV_ARGS=()
+  if [ "${VLLM_FORK_VENV_SYSTEM_SITE:-0}" = 1 ]; then VENV_ARGS+=(--system-site-packages); fi
+  "$PYTHON" -m venv "${VENV_ARGS[@]}" "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24"
