@@ -78,9 +78,9 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     # Every request ends visibly: complete and equal to the reference, or
     # cut short with finish_reason "abort" (vLLM aborts in-flight requests
     # at shutdown) and a prefix of the reference, or an error.
-    silent = [(o.job.key, "stream" if o.job.stream else "plain", len(o.token_ids))
-              for o in outcomes if o.ok and o.finish_reason not in ("length", "abort")]
-    assert not silent, f"responses that ended without a finish_reason: {silent}"
+    unclear = [(o.job.key, "stream" if o.job.stream else "plain", len(o.token_ids), o.finish_reason)
+               for o in outcomes if o.ok and o.finish_reason not in ("length", "abort")]
+    assert not unclear, f"responses neither complete nor cut (key, kind, tokens, finish_reason): {unclear}"
     for o in completed:
         assert not sl.problems(o, references[o.job.key]), sl.problems(o, references[o.job.key])
     for o in cut:
