@@ -1,11 +1,26 @@
 """Suite-wide pytest configuration."""
 
+import os
 import sys
 from pathlib import Path
 
+SUPPORT = Path(__file__).resolve().parent / "support"
 # Helper modules shared by several test directories and benchmarks/
 # (dflash_e2e, vllm_server): importable by their plain names.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+sys.path.insert(0, str(SUPPORT))
+
+# VLLM_FORK_TEST_NO_AVX512=1: run as if the CPU had neither AVX-512 nor AMX
+# (vLLM loads _C_AVX2, fp8 KV caches take the torch path). Applied here for
+# this process and, through PYTHONPATH, by sitecustomize for every child.
+NO_AVX512_ENV = "VLLM_FORK_TEST_NO_AVX512"
+if os.environ.get(NO_AVX512_ENV) == "1":
+    _override = str(SUPPORT / "no_avx512")
+    if _override not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_override, os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, _override)
+    import no_avx512_probes
+
+    no_avx512_probes.apply()
 
 # The tiny model pairs, as session fixtures for every directory.
 pytest_plugins = ["tiny_pair_fixtures"]
@@ -19,6 +34,16 @@ def pytest_configure(config):
         "needs_patch(*numbers): the test guards these patches (4-digit numbers) "
         "and must fail on a build without any of them",
     )
+
+
+def pytest_report_header(config):
+    import torch
+
+    flags = {name: getattr(torch.cpu, f"_is_{name}_supported")() for name in ("avx2", "avx512", "amx_tile")}
+    forced = " (forced: VLLM_FORK_TEST_NO_AVX512=1)" if os.environ.get(NO_AVX512_ENV) == "1" else ""
+    fp8_path = "compiled kernels" if flags["avx512"] or flags["amx_tile"] else "torch (cpu_attn_torch_fp8)"
+    cpu = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
+    return f"CPU as vLLM sees it: {cpu}{forced}; fp8 KV cache path: {fp8_path}"
 
 
 def pytest_addoption(parser):

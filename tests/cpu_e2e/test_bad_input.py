@@ -13,7 +13,6 @@ import textwrap
 import time
 
 import pytest
-import torch
 
 import dflash_e2e as e2e
 
@@ -84,21 +83,3 @@ def test_unsupported_kv_cache_dtype_is_a_clear_error(partial_pair, kv_dtype, exp
     print(f"\n[e2e] kv_cache_dtype={kv_dtype}: rc={rc} after {dt:.1f} s: {tail}")
     assert rc != 0 and "ENGINE STARTED" not in out
     assert expected in out, out[-3000:]
-
-
-def test_fp8_kv_without_avx512_or_amx_is_a_clear_error(monkeypatch):
-    """On an x86 CPU without AVX-512/AMX the CPU attention backend refuses an
-    fp8 KV cache with a NotImplementedError naming what is missing (and the
-    e2e fp8 tests skip with that reason)."""
-    from vllm.platforms import CpuArchEnum, current_platform
-    from vllm.v1.attention.backends import cpu_attn
-
-    if current_platform.get_cpu_architecture() != CpuArchEnum.X86:
-        pytest.skip("the AVX-512/AMX requirement concerns x86 CPUs")
-    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert "AVX-512" in e2e.cpu_fp8_kv_skip_reason()
-    with pytest.raises(NotImplementedError, match="AVX-512 or AMX"):
-        cpu_attn._get_attn_isa(torch.bfloat16, 128, 64, "fp8")
-    # auto (bf16) KV stays available
-    assert cpu_attn._get_attn_isa(torch.bfloat16, 128, 64, "auto") in ("vec", "vec16")

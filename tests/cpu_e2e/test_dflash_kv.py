@@ -33,7 +33,6 @@ def guarded_on_fp8(*patches):
 
 @pytest.fixture(scope="module", params=e2e.KV_DTYPES)
 def kv_dtype(request):
-    e2e.skip_if_kv_dtype_unsupported(request.param)
     return request.param
 
 

@@ -27,9 +27,13 @@ GPUS = {
 def cuda_selector(monkeypatch):
     """(CudaPlatform, AttentionSelectorConfig, AttentionBackendEnum, set_gpu)."""
     if importlib.util.find_spec("vllm._C_stable_libtorch") is None:
-        # CPU build: the CUDA platform module imports this extension only to
-        # register ops; selection itself is pure Python.
-        monkeypatch.setitem(sys.modules, "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+        # CPU build: the CUDA platform module imports these extensions only to
+        # register ops; selection itself is pure Python. The CPU build's
+        # vllm._C is its AVX-512 library: importing it on an AVX2-only CPU
+        # aborts the process, so it is stubbed too (the CPU platform has
+        # already registered the ops of the library this CPU can run).
+        for name in ("vllm._C", "vllm._C_stable_libtorch"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backends import flash_attn

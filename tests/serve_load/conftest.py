@@ -24,7 +24,6 @@ def references(partial_pair, load_jobs):
     the tests check, from one offline engine that is shut down again."""
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
-    e2e.skip_if_kv_dtype_unsupported(sl.KV_DTYPE)
     target, _ = partial_pair
     llm = e2e.start_llm(("serve-load-target", sl.KV_DTYPE), model=target,
                         kv_cache_dtype=sl.KV_DTYPE, max_model_len=sl.MAX_MODEL_LEN)

@@ -33,21 +33,6 @@ PROMPTS = [
 _current: dict = {"llm": None, "key": None}
 
 
-def cpu_fp8_kv_skip_reason() -> str | None:
-    """Why this CPU cannot run an fp8 KV cache (None if it can)."""
-    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
-        return "fp8 KV cache on CPU needs x86 with AVX-512 or AMX (not present)"
-    return None
-
-
-def skip_if_kv_dtype_unsupported(kv_dtype: str) -> None:
-    import pytest
-    from vllm.platforms import current_platform
-
-    if kv_dtype != "auto" and current_platform.is_cpu() and (reason := cpu_fp8_kv_skip_reason()):
-        pytest.skip(reason)
-
-
 def kv_bytes_per_elem(kv_dtype: str, model_dtype: torch.dtype) -> int:
     return model_dtype.itemsize if kv_dtype == "auto" else 1
 
@@ -99,9 +84,7 @@ def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, 
 
 
 def start_dflash_fp8(name: str, pair: tuple[str, str]):
-    """A DFlash engine on ``pair`` with an fp8 KV cache (skips where the CPU
-    cannot hold one)."""
-    skip_if_kv_dtype_unsupported("fp8")
+    """A DFlash engine on ``pair`` with an fp8 KV cache."""
     target, draft = pair
     return start_llm(
         (name, "fp8"),

@@ -30,6 +30,7 @@ import torch
 
 from vllm import _custom_ops as ops
 from vllm import envs
+from vllm.v1.attention.backends import cpu_attn_torch_fp8
 
 if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionLayer
@@ -116,6 +117,16 @@ def cpu_noncausal_attention_with_kv_cache(
             "supported (the C++ kernel reads K/V past seq_len when "
             "causal=False, see cpu_noncausal_attn.py)"
         )
+    if cpu_attn_torch_fp8.uses_torch_fp8_kv(impl.kv_cache_dtype):
+        # The torch fp8 path masks by seq_len itself: no split needed.
+        cpu_attn_torch_fp8.attention_with_kv_cache(
+            query, key_cache, value_cache, output,
+            attn_metadata.query_start_loc, attn_metadata.seq_lens, impl.scale,
+            False, impl.alibi_slopes, impl.sliding_window, attn_metadata.block_table,
+            impl.logits_soft_cap, impl.sinks, layer._k_scale_float,
+            layer._v_scale_float, impl.kv_cache_dtype,
+        )
+        return
     query_start_loc, seq_lens, block_table, scheduler_metadata = _split_per_token(
         impl, attn_metadata, query.dtype
     )

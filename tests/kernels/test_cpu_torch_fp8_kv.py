@@ -1,0 +1,184 @@
+"""fp8 KV cache on CPUs without AVX-512: the torch path (patch 0012).
+
+The base's fp8 cache write and read exist only in its AVX-512/AMX kernels.
+The fork routes ``ops.cpu_attn_reshape_and_cache`` and
+``ops.cpu_attention_with_kv_cache`` to ``cpu_attn_torch_fp8`` when the
+loaded kernels lack fp8. These tests make the ISA probe report neither
+AVX-512 nor AMX (what an AVX2-only CPU reports), so they run the torch path
+on every machine, and check it through the public ``ops`` entry points
+against an fp32 reference over a paged cache full of loud stale K/V: causal
+(target) and non-causal (DFlash draft block) rows, GQA, k/v scales, sliding
+window, soft-capping, sinks and ALiBi.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm import _custom_ops as ops
+from vllm.v1.attention.backends import cpu_attn
+
+HEAD_SIZE = 64
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+BLOCK_SIZE = 16
+FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# (query_len, seq_len): decode rows, DFlash-sized blocks, block boundaries.
+BATCH = [(4, 37), (1, 32), (4, 70), (3, 3), (1, 95)]
+# Relative error against float64 attention over the stored values: float32
+# outputs are exact up to summation order, bf16 outputs up to their rounding
+# (2^-8); a single leaked stale slot moves an output by > 1.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_fp8_kernels(monkeypatch):
+    """The CPU reports neither AVX-512 nor AMX, as an AVX2-only host does."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+
+
+def _stored(x: torch.Tensor, kv_dtype: str, scale: float) -> torch.Tensor:
+    """What an fp8 cache holds for x (nearest fp8 value of x / scale), in float64."""
+    fp8 = FP8[kv_dtype]
+    limit = torch.finfo(fp8).max
+    return (x.double() / scale).clamp(-limit, limit).float().to(fp8).double() * scale
+
+
+class Case:
+    def __init__(self, kv_dtype, *, dtype=torch.bfloat16, k_scale=1.0, v_scale=1.0, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        self.kv_dtype, self.dtype = kv_dtype, dtype
+        self.k_scale, self.v_scale = k_scale, v_scale
+        # The ISA is what the metadata builder would pick; with the base's
+        # refusal gone it is an ordinary one (the torch path ignores it).
+        self.isa = cpu_attn._get_attn_isa(dtype, BLOCK_SIZE, HEAD_SIZE, kv_dtype)
+        blocks_per_req = [math.ceil(s / BLOCK_SIZE) + 1 for _, s in BATCH]
+        num_blocks = sum(blocks_per_req) + 1
+        self.kv_cache = torch.zeros(2, num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE, dtype=torch.uint8)
+        order = torch.randperm(num_blocks - 1, generator=gen) + 1
+        self.block_table = torch.zeros(len(BATCH), max(blocks_per_req), dtype=torch.int32)
+        start = 0
+        for i, n in enumerate(blocks_per_req):
+            self.block_table[i, :n] = order[start : start + n]
+            start += n
+        all_slots = torch.arange(num_blocks * BLOCK_SIZE)
+        stale = torch.full((all_slots.numel(), NUM_KV_HEADS, HEAD_SIZE), 4.0, dtype=dtype)
+        self._write(stale, stale * 2, all_slots)
+        self.keys, self.values, queries = [], [], []
+        for i, (query_len, seq_len) in enumerate(BATCH):
+            k = torch.randn(seq_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+            v = torch.randn(seq_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+            # Padding slots (-1) in the mapping are skipped, as by the kernel.
+            slots = torch.cat([self._slots(i, seq_len), torch.tensor([-1])])
+            self._write(torch.cat([k, k[:1]]), torch.cat([v, v[:1]]), slots)
+            self.keys.append(_stored(k, kv_dtype, k_scale))
+            self.values.append(_stored(v, kv_dtype, v_scale))
+            queries.append((torch.randn(query_len, NUM_HEADS, HEAD_SIZE, generator=gen) + 1.0).to(dtype))
+        self.query = torch.cat(queries)
+        lens = torch.tensor([q for q, _ in BATCH], dtype=torch.int32)
+        self.query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
+        self.seq_lens = torch.tensor([s for _, s in BATCH], dtype=torch.int32)
+
+    def _slots(self, req, seq_len):
+        pos = torch.arange(seq_len)
+        return self.block_table[req, pos // BLOCK_SIZE].to(torch.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+
+    def _write(self, k, v, slots):
+        key_cache, value_cache = self.kv_cache.unbind(0)
+        ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, self.isa,
+                                       k_scale=self.k_scale, v_scale=self.v_scale,
+                                       kv_cache_dtype=self.kv_dtype)
+
+    def run(self, causal, *, sliding_window=(-1, -1), softcap=0.0, sinks=None, alibi=None):
+        out = torch.empty_like(self.query)
+        key_cache, value_cache = self.kv_cache.unbind(0)
+        ops.cpu_attention_with_kv_cache(
+            query=self.query, key_cache=key_cache, value_cache=value_cache, output=out,
+            query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
+            scale=1 / math.sqrt(HEAD_SIZE), causal=causal, alibi_slopes=alibi,
+            sliding_window=sliding_window, block_table=self.block_table, softcap=softcap,
+            scheduler_metadata=None, s_aux=sinks, k_scale=self.k_scale, v_scale=self.v_scale,
+            kv_cache_dtype=self.kv_dtype,
+        )
+        return out.double()
+
+    def reference(self, causal, *, sliding_window=(-1, -1), softcap=0.0, sinks=None, alibi=None):
+        """float64 attention over exactly the first seq_len stored keys."""
+        out, start, group = [], 0, NUM_HEADS // NUM_KV_HEADS
+        for i, (query_len, seq_len) in enumerate(BATCH):
+            q = self.query[start : start + query_len].double()
+            start += query_len
+            k = self.keys[i].repeat_interleave(group, dim=1)
+            v = self.values[i].repeat_interleave(group, dim=1)
+            s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(HEAD_SIZE)
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            q_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
+            k_pos = torch.arange(seq_len)[None, :]
+            if alibi is not None:
+                s = s + alibi.double()[:, None, None] * (k_pos - q_pos)
+            hide = torch.zeros(query_len, seq_len, dtype=torch.bool)
+            if causal:
+                hide |= k_pos > q_pos
+            if sliding_window[0] >= 0:
+                hide |= k_pos < q_pos - sliding_window[0]
+            s = s.masked_fill(hide, float("-inf"))
+            if sinks is not None:
+                s = torch.cat([s, sinks.double()[:, None, None].expand(-1, query_len, 1)], -1)
+                p = s.softmax(-1)[..., :seq_len]
+            else:
+                p = s.softmax(-1)
+            out.append(torch.einsum("hqk,khd->qhd", p, v))
+        return torch.cat(out)
+
+
+def _err(case, causal, **kw):
+    # Output rounding to the model dtype is the only other difference.
+    got, want = case.run(causal, **kw), case.reference(causal, **kw)
+    return ((got - want).abs() / (1 + want.abs())).max().item()
+
+
+@pytest.mark.needs_patch("0012")
+@pytest.mark.parametrize("kv_dtype", list(FP8))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_torch_fp8_path_matches_reference(kv_dtype, causal, dtype):
+    case = Case(kv_dtype, dtype=dtype, k_scale=0.5, v_scale=2.0)
+    err = _err(case, causal)
+    print(f"\n[kernel] torch fp8 kv={kv_dtype} causal={causal} {dtype}: max rel err {err:.2e}")
+    assert err < TOLERANCE[dtype], f"torch fp8 path differs from the reference ({err:.3f})"
+
+
+@pytest.mark.parametrize(
+    "feature",
+    [
+        {"sliding_window": (20, 0)},
+        {"softcap": 5.0},
+        {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])},
+        {"alibi": torch.tensor([0.1, 0.05, 0.02, 0.01])},
+    ],
+    ids=["sliding_window", "softcap", "sinks", "alibi"],
+)
+def test_torch_fp8_path_attention_features(feature):
+    case = Case("fp8", dtype=torch.float32)
+    assert _err(case, True, **feature) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.needs_patch("0012")
+def test_fp8_isa_is_not_refused_without_avx512_or_amx():
+    """The base refuses fp8 here ("requires x86 with AVX-512 or AMX")."""
+    assert cpu_attn._get_attn_isa(torch.bfloat16, 128, 64, "fp8") in ("vec", "vec16", "neon", "vxe", "vsx")
+
+
+def test_cache_holds_fp8_bytes_of_value_over_scale():
+    """The cache layout the torch path owns: byte-exact fp8 of x / scale at
+    [block, head, slot % block_size]."""
+    case = Case("fp8_e5m2", dtype=torch.float32, k_scale=0.25)
+    req, pos = 2, 40
+    block = int(case.block_table[req, pos // BLOCK_SIZE])
+    raw = case.kv_cache[0, block, :, pos % BLOCK_SIZE]
+    assert torch.equal(raw.view(torch.float8_e5m2).double() * 0.25, case.keys[req][pos])
