@@ -45,11 +45,17 @@ def pytest_collection_modifyitems(config, items):
         (keep if number in numbers else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
-    for item in keep:
+
+
+def pytest_collection_finish(session):
+    # After every deselection (-k, -m too), before any test runs.
+    if not session.config.getoption("--needs-patch"):
+        return
+    for item in session.items:
         # JUnit names a case by a dotted classname; the node id lets
         # tests/necessity match outcomes to the selection exactly.
         item.user_properties.append(("nodeid", item.nodeid))
-    record = config.getoption("--needs-patch-selected")
+    record = session.config.getoption("--needs-patch-selected")
     if record:
         with open(record, "w", encoding="utf-8") as f:
-            f.writelines(f"{item.nodeid}\n" for item in keep)
+            f.writelines(f"{item.nodeid}\n" for item in session.items)

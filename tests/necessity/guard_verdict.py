@@ -1,8 +1,9 @@
 """What the guards of one patch did on a build without it, and whether that proves the patch.
 
-Pure functions (no build, no vllm) so tests/necessity/test_guard_verdict.py
-can check them with fake runs. test_patches_are_needed.py runs the pytest
-subprocesses and hands their results here.
+run_guards() runs the pytest subprocesses (one; one more per guard only when
+that one died); the rest are pure functions. Neither needs a build or vllm, so
+tests/necessity/test_guard_verdict.py checks them with fake runs and with a
+small synthetic test tree that really crashes.
 
 Rules (the module docstring of test_patches_are_needed.py explains why):
 
@@ -18,6 +19,8 @@ Rules (the module docstring of test_patches_are_needed.py explains why):
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ PASSED, FAILED, SKIPPED, CRASHED = "passed", "failed", "skipped", "crashed"
 FINISHED_EXIT_CODES = (0, 1, 5)
 
 TAIL_CHARS = 3000
+TIMEOUT_S = 1800
 
 
 @dataclass
@@ -66,8 +70,15 @@ class Run:
         return f"rc={self.returncode}"
 
     def tails(self, chars: int = TAIL_CHARS) -> str:
+        """The end of stdout (pytest's summary) and of stderr; of stderr the
+        start too, where a crash's "Fatal Python error: ..." and the stack of
+        the test that died are (faulthandler writes them there, ahead of a
+        long list of extension modules)."""
+        stderr = self.stderr
+        if len(stderr) > 2 * chars:
+            stderr = f"{stderr[:chars]}\n[... {len(stderr) - 2 * chars} chars ...]\n{stderr[-chars:]}"
         return (f"--- stdout (last {chars} chars) ---\n{self.stdout[-chars:]}\n"
-                f"--- stderr (last {chars} chars) ---\n{self.stderr[-chars:]}")
+                f"--- stderr (first and last {chars} chars) ---\n{stderr}")
 
 
 @dataclass
@@ -186,3 +197,40 @@ def verdict(patch: str, number: str, run: Run, guards: list[Guard],
                                f"from the patch)\n{report}"), guards)
     return Verdict(False, (f"no test here guards {patch}: mark one with "
                            f"@pytest.mark.needs_patch({number!r})\n{report}"), guards)
+
+
+def run_pytest(args: list[str], cwd: Path, env: dict[str, str] | None, timeout_s: float = TIMEOUT_S) -> Run:
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                                cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        def text(out):
+            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+        return Run(None, text(exc.stdout), text(exc.stderr), timeout_s=timeout_s)
+    return Run(result.returncode, result.stdout, result.stderr)
+
+
+def run_guards(
+    paths: list[str], rootdir: Path, number: str, workdir: Path, env: dict[str, str] | None,
+    extra_args: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S,
+):
+    """Run the tests marked needs_patch(number) under paths in one pytest process;
+    if it died, rerun each guard it gave no outcome for in its own process.
+
+    Returns (run, outcomes, selected, reruns) for classify(): selected is the
+    node ids (relative to rootdir) that tests/conftest.py wrote at collection
+    (None if the run died before that), reruns {node id: (Run, outcomes)}."""
+    junit = workdir / "junit.xml"
+    selected_file = workdir / "selected.txt"
+    run = run_pytest([*paths, "--needs-patch", number, f"--needs-patch-selected={selected_file}",
+                      f"--junitxml={junit}", *extra_args], workdir, env, timeout_s)
+    outcomes = read_junit(junit)
+    # Written at collection, before any test runs: known even if the run crashed.
+    selected = selected_file.read_text().splitlines() if selected_file.exists() else None
+    reruns = {}
+    for i, nodeid in enumerate(guards_to_rerun(run, outcomes, selected)):
+        own_junit = workdir / f"junit-guard-{i}.xml"
+        own = run_pytest([f"{rootdir}/{nodeid}", "--needs-patch", number, f"--junitxml={own_junit}"],
+                         workdir, env, timeout_s)
+        reruns[nodeid] = (own, read_junit(own_junit))
+    return run, outcomes, selected, reruns

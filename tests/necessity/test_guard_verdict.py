@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from guard_verdict import (  # noqa: E402
-    CRASHED, FAILED, PASSED, SKIPPED, Run, classify, guards_to_rerun, read_junit, verdict,
+    CRASHED, FAILED, PASSED, SKIPPED, Run, classify, guards_to_rerun, read_junit, run_guards, verdict,
 )
+
+TESTS = Path(__file__).resolve().parents[1]
 
 PATCH, NUMBER = "0006-cpu-attn-mask.patch", "0006"
 A = "tests/kernels/test_k.py::test_a[x]"
@@ -125,3 +130,74 @@ def test_read_junit_prefers_the_nodeid_property(tmp_path):
     assert read_junit(tmp_path / "missing.xml") == {}
     (tmp_path / "cut.xml").write_text("<testsuites><testsuite><testcase")
     assert read_junit(tmp_path / "cut.xml") == {}
+
+
+def _synthetic_tree(tmp_path: Path, body: str) -> Path:
+    """A test tree with the suite's own conftest.py (its needs_patch selection) and one module."""
+    root = tmp_path / "proj"
+    (root / "tests" / "support").mkdir(parents=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
+    (root / "tests" / "support" / "tiny_pair_fixtures.py").write_text("")
+    (root / "tests" / "test_guards.py").write_text(textwrap.dedent(body))
+    (tmp_path / "work").mkdir()
+    return root
+
+
+CRASHING_MODULE = """
+    import os, signal, sys
+    import pytest
+
+    @pytest.mark.needs_patch("0042")
+    def test_fails():
+        assert 1 == 2
+
+    @pytest.mark.needs_patch("0042")
+    def test_crashes():
+        os.kill(os.getpid(), signal.SIGILL)
+
+    @pytest.mark.needs_patch("0042")
+    def test_skips():
+        pytest.skip("cannot run here")
+
+    def test_unrelated():
+        pass
+"""
+
+
+def test_run_guards_reruns_each_guard_after_a_real_crash(tmp_path):
+    root = _synthetic_tree(tmp_path, CRASHING_MODULE)
+    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
+                                                 timeout_s=120)
+    assert run.signal_name == "SIGILL", run.tails()
+    names = ["tests/test_guards.py::test_fails", "tests/test_guards.py::test_crashes",
+             "tests/test_guards.py::test_skips"]
+    assert selected == names
+    assert sorted(reruns) == sorted(n for n in names if n not in outcomes)
+    guards = classify(selected, run, outcomes, reruns)
+    assert {g.nodeid: g.outcome for g in guards} == dict(zip(names, [FAILED, CRASHED, SKIPPED]))
+    v = verdict("0042-x.patch", "0042", run, guards)
+    assert v.ok, v.message  # test_fails proves it; the crash is reported, not counted
+    # The crashed guard by name, its signal, and faulthandler's stack of the test that died.
+    assert f"crashed guard {names[1]}: its process rc=-4 (killed by SIGILL)" in v.message
+    assert "Fatal Python error: Illegal instruction" in v.message
+    assert re.search(r'test_guards.py", line \d+ in test_crashes', v.message)
+
+
+def test_run_guards_all_crashed_fails(tmp_path):
+    root = _synthetic_tree(tmp_path, CRASHING_MODULE.replace('"0042")\n    def test_fails', '"0043")\n    def test_fails'))
+    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
+                                                 timeout_s=120)
+    v = verdict("0042-x.patch", "0042", run, classify(selected, run, outcomes, reruns))
+    assert not v.ok and "a crash is no proof" in v.message and "SIGILL" in v.message
+
+
+def test_run_guards_normal_path_is_one_process(tmp_path):
+    root = _synthetic_tree(tmp_path, CRASHING_MODULE.replace("os.kill(os.getpid(), signal.SIGILL)", "assert False"))
+    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
+                                                 timeout_s=120)
+    assert run.returncode == 1 and reruns == {}
+    assert outcomes == {"tests/test_guards.py::test_fails": FAILED, "tests/test_guards.py::test_crashes": FAILED,
+                        "tests/test_guards.py::test_skips": SKIPPED}
+    v = verdict("0042-x.patch", "0042", run, classify(selected, run, outcomes, reruns))
+    assert v.ok and "rc=1" in v.message

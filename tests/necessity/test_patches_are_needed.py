@@ -28,7 +28,6 @@ build in test_guard_verdict.py).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -40,22 +39,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from forkbuild import assemble, config, patching  # noqa: E402
-from guard_verdict import Run, classify, guards_to_rerun, read_junit, verdict  # noqa: E402
+from guard_verdict import classify, run_guards, verdict  # noqa: E402
 
 CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
-TIMEOUT_S = 1800
-
-
-def _pytest(args: list[str], cwd: Path, env: dict[str, str]) -> Run:
-    try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-                                cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        def text(out):
-            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
-        return Run(None, text(exc.stdout), text(exc.stderr), timeout_s=TIMEOUT_S)
-    return Run(result.returncode, result.stdout, result.stderr)
 
 
 @pytest.mark.slow
@@ -69,30 +56,15 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(unpacked), os.environ.get("PYTHONPATH")]))}
     env.pop(config.SKIP_PATCHES_ENV)
 
-    junit = tmp_path / "junit.xml"
-    selected_file = tmp_path / "selected.txt"
-    run = _pytest(
-        [str(REPO / "tests"), "--needs-patch", patch.number, f"--needs-patch-selected={selected_file}",
-         f"--junitxml={junit}",
+    run, outcomes, selected, reruns = run_guards(
+        [str(REPO / "tests"),
          "--ignore", str(REPO / "tests" / "necessity"),
          # CUDA-only tests skip on the CPU build this harness makes (a module
          # skip would count as "did not fail"); a GPU necessity run is
          # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
          "--ignore", str(REPO / "tests" / "gpu")],
-        tmp_path, env,
+        REPO, patch.number, tmp_path, env,
     )
-    outcomes = read_junit(junit)
-    # Written at collection, before any test runs: known even if the run crashed.
-    selected = selected_file.read_text().splitlines() if selected_file.exists() else None
-
-    # Only when the run died: every guard without an outcome in its own process.
-    reruns = {}
-    for i, nodeid in enumerate(guards_to_rerun(run, outcomes, selected)):
-        own_junit = tmp_path / f"junit-{i}.xml"
-        own = _pytest([f"{REPO}/{nodeid}", "--needs-patch", patch.number, f"--junitxml={own_junit}"],
-                      tmp_path, env)
-        reruns[nodeid] = (own, read_junit(own_junit))
-
     guards = classify(selected, run, outcomes, reruns)
     result = verdict(patch.name, patch.number, run, guards, selected_known=selected is not None)
     print(result.message)
