@@ -52,6 +52,12 @@ def pytest_addoption(parser):
         metavar="NNNN",
         help="run only the tests marked needs_patch(..., NNNN, ...) (used by tests/necessity)",
     )
+    parser.addoption(
+        "--needs-patch-selected",
+        metavar="FILE",
+        help="with --needs-patch: write the selected node ids to FILE, one a line, before "
+        "any test runs (tests/necessity reruns them one by one if the run crashes)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,3 +70,17 @@ def pytest_collection_modifyitems(config, items):
         (keep if number in numbers else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
+
+
+def pytest_collection_finish(session):
+    # After every deselection (-k, -m too), before any test runs.
+    if not session.config.getoption("--needs-patch"):
+        return
+    for item in session.items:
+        # JUnit names a case by a dotted classname; the node id lets
+        # tests/necessity match outcomes to the selection exactly.
+        item.user_properties.append(("nodeid", item.nodeid))
+    record = session.config.getoption("--needs-patch-selected")
+    if record:
+        with open(record, "w", encoding="utf-8") as f:
+            f.writelines(f"{item.nodeid}\n" for item in session.items)

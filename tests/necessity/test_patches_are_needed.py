@@ -2,17 +2,33 @@
 
 Each case builds the fork minus one patch from the cached base, unpacks it,
 puts it ahead of the installed wheel on PYTHONPATH, and runs the tests marked
-needs_patch(N) in a subprocess. None of them may pass and at least one must
-fail (a guard that cannot run on this machine, like tests/gpu without CUDA,
-skips); a patch no test guards fails here too, so nobody can drop a fix (or add one) without a test noticing.
+needs_patch(N) in one pytest subprocess. None of them may pass and at least one
+must fail (a guard that cannot run on this machine, like tests/gpu without CUDA,
+skips); a patch no test guards fails here too, so nobody can drop a fix (or add
+one) without a test noticing.
+
+A crash is a result, not a proof. If that subprocess dies (killed by a signal,
+an exit code other than pytest's finished ones, or a JUnit file that misses
+some selected guard), each guard without an outcome is rerun in its own pytest
+subprocess, so one crash cannot hide the others, and every guard ends up
+passed, failed, skipped or crashed (its own process died from a signal, or
+gave no JUnit outcome). A guard that CRASHES on the build without the patch
+does NOT count as proof: a crash can come from something unrelated to the
+patch (a CPU-feature fault such as SIGILL from an instruction the process was
+not allowed to use). The proof needs at least one guard that fails by
+assertion or error, and no guard may pass; crashed guards are reported by
+name with their signal and stderr tail, and if every guard crashed the case
+fails with that report. Every report (assertion message and printed output)
+names the subprocess's return code, the signal if one killed it, and the tails
+of its stdout and stderr. When nothing crashes, a patch costs one subprocess,
+as before. The rules themselves are in guard_verdict.py (unit-tested without a
+build in test_guard_verdict.py).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
@@ -20,21 +36,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from forkbuild import assemble, config, patching  # noqa: E402
+from guard_verdict import classify, run_guards, verdict  # noqa: E402
 
 CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
-
-
-def _outcomes(junit: Path) -> dict[str, str]:
-    outcomes = {}
-    for case in ET.parse(junit).iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        outcomes[name] = ("failed" if kinds & {"failure", "error"} else
-                          "skipped" if "skipped" in kinds else "passed")
-    return outcomes
 
 
 @pytest.mark.slow
@@ -45,27 +53,19 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch):
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)
-    junit = tmp_path / "junit.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(unpacked), os.environ.get("PYTHONPATH")]))}
     env.pop(config.SKIP_PATCHES_ENV)
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "tests"), "--needs-patch", patch.number,
-         "-p", "no:cacheprovider", "-q", f"--junitxml={junit}",
+
+    run, outcomes, selected, reruns = run_guards(
+        [str(REPO / "tests"),
          "--ignore", str(REPO / "tests" / "necessity"),
          # CUDA-only tests skip on the CPU build this harness makes (a module
          # skip would count as "did not fail"); a GPU necessity run is
          # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
          "--ignore", str(REPO / "tests" / "gpu")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
+        REPO, patch.number, tmp_path, env,
     )
-    outcomes = _outcomes(junit) if junit.exists() else {}
-    print(f"without {patch.name}: {outcomes}")
-    # Guards that cannot run on this machine (tests/gpu without CUDA) skip; they
-    # prove nothing either way, but none may pass and at least one must fail.
-    failed = [name for name, outcome in outcomes.items() if outcome == "failed"]
-    assert failed, f"no test here guards {patch.name}: mark one with @pytest.mark.needs_patch({patch.number!r}) ({outcomes})\n{result.stdout[-3000:]}"
-    not_failed = {name: outcome for name, outcome in outcomes.items() if outcome == "passed"}
-    assert not not_failed, (
-        f"these tests did not fail on a build without {patch.name}, so they do not guard it: "
-        f"{not_failed}\n{result.stdout[-3000:]}"
-    )
+    guards = classify(selected, run, outcomes, reruns)
+    result = verdict(patch.name, patch.number, run, guards, selected_known=selected is not None)
+    print(result.message)
+    assert result.ok, result.message
