@@ -27,13 +27,6 @@ def _fail(exc: Exception):
     raise SystemExit(f"vllm-fork build error: {exc}")
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    return [] if sys.version_info >= (3, 11) else ["tomli"]
-
-
-get_requires_for_build_sdist = get_requires_for_build_wheel
-
-
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     try:
         cfg = config.load(ROOT)
