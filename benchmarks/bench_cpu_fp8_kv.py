@@ -1,0 +1,189 @@
+"""CPU attention over a paged KV cache: the fork's torch fp8 path (patch 0012)
+next to the compiled kernels, in one run on one machine.
+
+    python benchmarks/bench_cpu_fp8_kv.py [--json FILE]
+
+Times, per configuration, the cache write (``cpu_attn_reshape_and_cache``)
+and the attention read (``cpu_attention_with_kv_cache``) for a DFlash-like
+batch (verification rows of a few tokens over long contexts, causal, and the
+same rows non-causal as the drafter reads them):
+
+- ``kernel auto``: the compiled kernel with a bf16 cache (every CPU);
+- ``kernel fp8``:  the compiled kernel with an fp8 cache (AVX-512/AMX only);
+- ``torch fp8``:   the torch path that CPUs without AVX-512 take.
+
+and prints the ratios ``torch fp8 / kernel fp8`` (the cost of the AVX2 path
+against the AVX-512 path on the same machine, where it has AVX-512) and
+``torch fp8 / kernel auto``. Median of repeated runs; numbers are this
+machine's, not a threshold.
+
+``--kernel-lib PATH`` loads a kernel library file directly instead of
+importing vllm (for a machine where only torch is installed); the torch path
+is then imported from this checkout's ``vllm/`` overlay file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_FP8_FILE = ROOT / "vllm" / "v1" / "attention" / "backends" / "cpu_attn_torch_fp8.py"
+
+
+def _load_torch_fp8(standalone: bool):
+    if not standalone:
+        from vllm.v1.attention.backends import cpu_attn_torch_fp8
+
+        return cpu_attn_torch_fp8
+    spec = importlib.util.spec_from_file_location("cpu_attn_torch_fp8", TORCH_FP8_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernel_isa(dtype, block_size, head_size, kv_dtype, standalone: bool) -> str:
+    if not standalone:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
+    # The base's rule for x86 (vllm/v1/attention/backends/cpu_attn.py).
+    if torch.cpu._is_amx_tile_supported() and dtype == torch.bfloat16 and block_size % 32 == 0:
+        return "amx"
+    return "vec" if block_size % 32 == 0 else "vec16"
+
+
+def _median_s(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(args) -> dict:
+    standalone = args.kernel_lib is not None
+    if standalone:
+        torch.ops.load_library(args.kernel_lib)
+    else:
+        from vllm.platforms import current_platform  # loads the kernel library this CPU runs
+
+        assert current_platform.is_cpu(), "a CPU build of the fork is needed"
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()  # Linux hands out AMX tiles on request only
+    torch_fp8 = _load_torch_fp8(standalone)
+    kernels_fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+
+    gen = torch.Generator().manual_seed(0)
+    dtype, bs, hd = torch.bfloat16, args.block_size, args.head_size
+    heads, kv_heads = args.num_heads, args.num_kv_heads
+    reqs, qlen, ctx = args.num_reqs, args.query_len, args.context
+    blocks_per_req = math.ceil(ctx / bs)
+    num_blocks = reqs * blocks_per_req + 1
+    block_table = (torch.randperm(num_blocks - 1, generator=gen) + 1)[: reqs * blocks_per_req]
+    block_table = block_table.view(reqs, blocks_per_req).to(torch.int32)
+    seq_lens = torch.full((reqs,), ctx, dtype=torch.int32)
+    qsl = torch.arange(0, (reqs + 1) * qlen, qlen, dtype=torch.int32)
+    query = torch.randn(reqs * qlen, heads, hd, generator=gen).to(dtype)
+    k_all = torch.randn(reqs * ctx, kv_heads, hd, generator=gen).to(dtype)
+    v_all = torch.randn(reqs * ctx, kv_heads, hd, generator=gen).to(dtype)
+    pos = torch.arange(ctx)
+    slots = torch.cat([block_table[r, pos // bs].long() * bs + pos % bs for r in range(reqs)])
+    new_slots = torch.cat([block_table[r, (pos[-qlen:]) // bs].long() * bs + pos[-qlen:] % bs
+                           for r in range(reqs)])
+    new_k, new_v = k_all[:reqs * qlen].clone(), v_all[:reqs * qlen].clone()
+
+    configs = [("kernel auto", "auto", "kernel")]
+    if kernels_fp8:
+        configs.append(("kernel fp8", "fp8", "kernel"))
+    configs.append(("torch fp8", "fp8", "torch"))
+    results: dict[str, dict] = {}
+    for name, kv_dtype, path in configs:
+        isa = _kernel_isa(dtype, bs, hd, kv_dtype, standalone)
+        cache_dtype = dtype if kv_dtype == "auto" else torch.uint8
+        cache = torch.zeros(2, num_blocks, kv_heads, bs, hd, dtype=cache_dtype)
+        key_cache, value_cache = cache.unbind(0)
+
+        def write(k, v, s):
+            if path == "torch":
+                torch_fp8.reshape_and_cache(k, v, key_cache, value_cache, s, 1.0, 1.0, kv_dtype)
+            else:
+                torch.ops._C.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, s, isa,
+                                                        1.0, 1.0, kv_dtype)
+
+        write(k_all, v_all, slots)
+        row = {"isa": isa if path == "kernel" else "torch"}
+        row["write_s"] = _median_s(lambda: write(new_k, new_v, new_slots), args.repeats)
+        for causal in (True, False):
+            out = torch.empty_like(query)
+            if path == "torch":
+                def read():
+                    torch_fp8.attention_with_kv_cache(
+                        query, key_cache, value_cache, out, qsl, seq_lens, 1 / math.sqrt(hd), causal,
+                        None, (-1, -1), block_table, 0.0, None, 1.0, 1.0, kv_dtype)
+            else:
+                meta = torch.ops._C.get_scheduler_metadata(reqs, heads, kv_heads, hd, seq_lens, dtype,
+                                                           qsl, causal, -1, isa, False)
+
+                def read():
+                    torch.ops._C.cpu_attention_with_kv_cache(
+                        query, key_cache, value_cache, out, qsl, seq_lens, 1 / math.sqrt(hd), causal,
+                        None, -1, -1, block_table, 0.0, meta, None, 1.0, 1.0, kv_dtype)
+            row["causal_read_s" if causal else "noncausal_read_s"] = _median_s(read, args.repeats)
+        results[name] = row
+        print(f"{name:12s} isa={row['isa']:6s} write {row['write_s'] * 1e3:8.3f} ms  "
+              f"causal read {row['causal_read_s'] * 1e3:8.3f} ms  "
+              f"non-causal read {row['noncausal_read_s'] * 1e3:8.3f} ms")
+
+    ratios = {}
+    for base in ("kernel fp8", "kernel auto"):
+        if base in results:
+            ratios[f"torch fp8 / {base}"] = {
+                k: round(results["torch fp8"][k] / results[base][k], 2)
+                for k in ("write_s", "causal_read_s", "noncausal_read_s")
+            }
+    for k, v in ratios.items():
+        print(f"{k}: {v}")
+    return {
+        "machine": {"cpu": platform.processor() or platform.machine(),
+                    "avx512": torch.cpu._is_avx512_supported(),
+                    "amx_tile": torch.cpu._is_amx_tile_supported(),
+                    "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "workload": {"num_reqs": reqs, "query_len": qlen, "context": ctx, "num_heads": heads,
+                     "num_kv_heads": kv_heads, "head_size": hd, "block_size": bs, "dtype": "bfloat16"},
+        "results": results, "ratios": ratios,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-reqs", type=int, default=8)
+    p.add_argument("--query-len", type=int, default=4, help="DFlash verification rows per request")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--num-heads", type=int, default=16)
+    p.add_argument("--num-kv-heads", type=int, default=4)
+    p.add_argument("--head-size", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=128, help="the CPU backend's default")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--kernel-lib", help="load this kernel library instead of importing vllm")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    report = bench(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
