@@ -47,12 +47,24 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _rewrite_metadata(metadata: str, target: Target, version: str) -> str:
-    headers, sep, body = metadata.partition("\n\n")
+# Fields of the base's METADATA that describe its publisher, not this fork.
+_PUBLISHER_FIELDS = {"Author", "Author-email", "Maintainer", "Maintainer-email", "Home-page",
+                     "Project-URL", "Download-URL", "Summary", "Requires-Python",
+                     "Description-Content-Type"}
+UPSTREAM_URL = "https://github.com/vllm-project/vllm"
+
+
+def _rewrite_metadata(metadata: str, config: ForkConfig, target: Target, version: str) -> str:
+    """The base's METADATA as this fork's: name, version, the fork's summary,
+    Requires-Python and README; the base's dependencies (rewritten where the
+    target says so); none of the base publisher's names or URLs."""
+    headers, _, _ = metadata.partition("\n\n")
     unused = dict(target.requires_dist_rewrite)
     lines = []
     for line in headers.split("\n"):
         key, _, value = line.partition(": ")
+        if key in _PUBLISHER_FIELDS:
+            continue
         if key == "Name":
             line = f"Name: {PACKAGE}"
         elif key == "Version":
@@ -64,12 +76,23 @@ def _rewrite_metadata(metadata: str, target: Target, version: str) -> str:
                 unused.pop(requirement.strip(), None)
                 line = f"Requires-Dist: {replacement}" + (f";{marker}" if semi else "")
         lines.append(line)
+        if key == "Version":
+            if config.summary:
+                lines.append(f"Summary: {config.summary}")
+            lines.append(f"Project-URL: Upstream, {UPSTREAM_URL}")
+            lines.append(f"Project-URL: Base wheel, https://pypi.org/project/{target.dist}/{target.version}/")
+            if config.requires_python:
+                lines.append(f"Requires-Python: {config.requires_python}")
     if unused:
         raise BuildError(
             f"target {target.name!r}: requires-dist-rewrite rules matched nothing in the base "
             f"METADATA: {sorted(unused)} (has the base changed?)"
         )
-    return "\n".join(lines) + sep + body
+    readme = config.root / "README.md"
+    body = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    if body:
+        lines.append("Description-Content-Type: text/markdown")
+    return "\n".join(lines) + "\n\n" + body
 
 
 def _version_module(version: str) -> bytes:
@@ -165,7 +188,7 @@ def build_wheel(config: ForkConfig, target: Target, out_dir: Path) -> Path:
                 continue
             members.append(wheelzip.raw_member(archive, info, f"{dist_info}/{leaf}"))
             rows.append([f"{dist_info}/{leaf}"] + record.get(info.filename, ["", "", ""])[1:])
-        metadata = _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), target, version)
+        metadata = _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), config, target, version)
         wheel_meta = (
             "Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\n"
             f"Tag: {target.wheel_tag}\n"
@@ -202,5 +225,5 @@ def metadata_text(config: ForkConfig, target: Target) -> str:
     archive, _ = wheelzip.read_members(base_path)
     with archive:
         base_dist_info = f"{target.dist.replace('-', '_')}-{target.version}.dist-info"
-        return _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), target, version)
+        return _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), config, target, version)
 

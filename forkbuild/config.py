@@ -46,6 +46,9 @@ class ForkConfig:
     version_prefix: str
     default_target: str
     targets: dict[str, Target]
+    # [project] fields this fork states itself (the base's are a third party's).
+    summary: str = ""
+    requires_python: str = ""
 
     @property
     def patches_dir(self) -> Path:
@@ -75,7 +78,9 @@ class ForkConfig:
 def load(root: Path | None = None) -> ForkConfig:
     root = (root or Path(__file__).resolve().parent.parent).resolve()
     with open(root / "pyproject.toml", "rb") as f:
-        table = tomllib.load(f)["tool"]["vllm-fork"]
+        pyproject = tomllib.load(f)
+    table = pyproject["tool"]["vllm-fork"]
+    project = pyproject.get("project", {})
     targets = {
         name: Target(
             name=name,
@@ -94,6 +99,8 @@ def load(root: Path | None = None) -> ForkConfig:
         version_prefix=table["version-prefix"],
         default_target=table["default-target"],
         targets=targets,
+        summary=project.get("description", ""),
+        requires_python=project.get("requires-python", ""),
     )
 
 

@@ -44,7 +44,9 @@ def make_base_wheel(path: Path, target: fork_config.Target, files: dict[str, byt
                        for old, _ in target.requires_dist_rewrite)
     files[f"{dist_info}/METADATA"] = (
         f"Metadata-Version: 2.4\nName: {target.dist}\nVersion: {target.version}\n"
-        f"Requires-Dist: numpy\n{requires}\nThe description.\n"
+        "Summary: A third party's rebuild\nAuthor-email: Someone Else <someone@example.com>\n"
+        "Project-URL: Bug Tracker, https://example.com/rebuild/issues\n"
+        f"Requires-Python: >=3.9\nRequires-Dist: numpy\n{requires}\nThe description.\n"
     ).encode()
     files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp312-cp312-linux_x86_64\n"
     files[f"{dist_info}/entry_points.txt"] = b"[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"

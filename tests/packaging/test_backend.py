@@ -38,7 +38,14 @@ def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
         assert 'Requires-Dist: torch==2.11.0; platform_machine == "x86_64"' in requires
         assert 'Requires-Dist: torchaudio==2.11.0; platform_machine == "x86_64"' in requires
         assert not any("+cpu" in line for line in requires)
-        assert metadata.endswith("The description.\n")
+        # The fork's own summary, Python range and README; nothing of the base's publisher.
+        assert "Summary: vLLM 0.21.0 with the DFlash FP8 KV-cache fix" in metadata
+        assert "Requires-Python: >=3.10,<3.15\n" in metadata
+        assert "Project-URL: Upstream, https://github.com/vllm-project/vllm\n" in metadata
+        for foreign in ("third party's rebuild", "someone@example.com", "example.com/rebuild", ">=3.9",
+                        "The description."):
+            assert foreign not in metadata, foreign
+        assert metadata.endswith((fork_repo.root / "README.md").read_text())
         assert zf.read(f"{dist}/WHEEL").decode().splitlines()[-1] == "Tag: cp38-abi3-manylinux_2_28_x86_64"
         assert zf.read(QWEN) == NEW
         assert b"0.21.0+cpu.dflashfp8.1" in zf.read("vllm/_version.py")
