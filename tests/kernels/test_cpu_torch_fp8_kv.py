@@ -182,3 +182,32 @@ def test_cache_holds_fp8_bytes_of_value_over_scale():
     block = int(case.block_table[req, pos // BLOCK_SIZE])
     raw = case.kv_cache[0, block, :, pos % BLOCK_SIZE]
     assert torch.equal(raw.view(torch.float8_e5m2).double() * 0.25, case.keys[req][pos])
+
+
+_CHILD = """
+import torch
+from vllm.platforms import current_platform
+from vllm.v1.attention.backends.cpu_attn_torch_fp8 import uses_torch_fp8_kv
+current_platform.import_kernels()
+libs = sorted({line.rsplit("/", 1)[-1].strip() for line in open("/proc/self/maps") if "/vllm/_C" in line})
+print(torch.cpu._is_avx512_supported(), torch.cpu._is_amx_tile_supported(), uses_torch_fp8_kv("fp8"), libs)
+"""
+
+
+def test_no_avx512_mode_reaches_child_processes():
+    """VLLM_FORK_TEST_NO_AVX512=1 (tests/support/no_avx512) holds in every
+    process of a run: a fresh interpreter sees no AVX-512/AMX, loads the AVX2
+    kernel library and sends fp8 caches to the torch path."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    override = Path(__file__).resolve().parents[1] / "support" / "no_avx512"
+    env = {**os.environ, "VLLM_FORK_TEST_NO_AVX512": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(override), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stderr[-3000:]}"
+    line = p.stdout.strip().splitlines()[-1]
+    print(f"\n[kernel] child under VLLM_FORK_TEST_NO_AVX512=1: {line}")
+    assert line == "False False True ['_C_AVX2.abi3.so']", line
