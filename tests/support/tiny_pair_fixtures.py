@@ -6,30 +6,36 @@ from __future__ import annotations
 
 import pytest
 
-import dflash_e2e as e2e
+
+def _make_pair(tmp_path_factory, name: str, acceptance: str, **kw):
+    # Imported here, not at the top: this plugin loads for every directory,
+    # and tests/packaging must run without torch installed.
+    import dflash_e2e as e2e
+
+    return _make_pair(tmp_path_factory, name, acceptance, **kw)
 
 
 @pytest.fixture(scope="session")
 def partial_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "partial", "partial")
+    return _make_pair(tmp_path_factory, "partial", "partial")
 
 
 @pytest.fixture(scope="session")
 def random_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "none", "none")
+    return _make_pair(tmp_path_factory, "none", "none")
 
 
 @pytest.fixture(scope="session")
 def full_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "full", "full")
+    return _make_pair(tmp_path_factory, "full", "full")
 
 
 @pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory):
     """A drafter trained against its target (10-30 s on 2 idle cores)."""
-    return e2e.make_pair(tmp_path_factory, "trained", "trained")
+    return _make_pair(tmp_path_factory, "trained", "trained")
 
 
 @pytest.fixture(scope="session")
 def kv_scales_pair(tmp_path_factory):
-    return e2e.make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
+    return _make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
