@@ -24,13 +24,14 @@ def load_jobs():
 
 
 @pytest.fixture(scope="session")
-def references(trained_pair, load_jobs):
+def references(request, load_jobs):
     """Target-only greedy outputs (same model and KV dtypes, no drafter) for
     every job the tests check, from one offline engine that is shut down again."""
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     e2e.skip_if_kv_dtype_unsupported(sl.KV_DTYPE)
-    target, _ = trained_pair
+    # (the pair only once the suite runs here: training it takes 10-30 s)
+    target, _ = request.getfixturevalue("trained_pair")
     llm = e2e.start_llm(("serve-load-target", sl.MODEL_DTYPE, sl.KV_DTYPE), model=target,
                         dtype=sl.MODEL_DTYPE, kv_cache_dtype=sl.KV_DTYPE,
                         max_model_len=sl.MAX_MODEL_LEN)
