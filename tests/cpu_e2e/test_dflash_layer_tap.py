@@ -76,14 +76,8 @@ def test_runner_passes_eagle3_aux_layer_ids_through():
 
 # --- live engine (fp32, so that layer L and L - 1 are told apart) ----------
 def _trained_llm(trained_pair):
-    target, draft = trained_pair
-    return e2e.start_llm(
-        ("dflash-trained", "fp32"),
-        model=target,
-        dtype="float32",
-        enable_prefix_caching=False,
-        speculative_config=e2e.dflash_spec_config(draft),
-    )
+    # the engine test_dflash_kv.py's float32 losslessness check leaves running
+    return e2e.start_trained_fp32(trained_pair)
 
 
 def _prompts(draft: str) -> list[dict]:

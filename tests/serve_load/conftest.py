@@ -1,7 +1,12 @@
-"""One `vllm serve` (DFlash + fp8 KV cache, tiny pair, tiny KV cache) for
-load, faults and shutdown; the target-only references are computed by an
-offline engine before it starts (one engine at a time). Settings and
-workloads: tests/support/serve_load.py.
+"""One `vllm serve` (DFlash + fp8 KV cache, float32 model, tiny KV cache)
+for load, faults and shutdown; the target-only references are computed by
+an offline float32 engine before it starts (one engine at a time), so every
+output must be equal token for token (tests/support/lossless.py). Settings
+and workloads: tests/support/serve_load.py.
+
+The pair is the trained one (vllm.fork.tiny_pairs): its target is a random,
+confident model (no near-ties for float32 numerics to flip) and its drafter
+is trained on that target, so drafts are both accepted and rejected.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ def load_jobs():
 
 
 @pytest.fixture(scope="session")
-def references(partial_pair, load_jobs):
-    """Target-only greedy outputs (same KV dtype, no drafter) for every job
-    the tests check, from one offline engine that is shut down again."""
+def references(trained_pair, load_jobs):
+    """Target-only greedy outputs (same model and KV dtypes, no drafter) for
+    every job the tests check, from one offline engine that is shut down again."""
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
-    target, _ = partial_pair
-    llm = e2e.start_llm(("serve-load-target", sl.KV_DTYPE), model=target,
-                        kv_cache_dtype=sl.KV_DTYPE, max_model_len=sl.MAX_MODEL_LEN)
+    target, _ = trained_pair
+    llm = e2e.start_llm(("serve-load-target", sl.MODEL_DTYPE, sl.KV_DTYPE), model=target,
+                        dtype=sl.MODEL_DTYPE, kv_cache_dtype=sl.KV_DTYPE,
+                        max_model_len=sl.MAX_MODEL_LEN)
     try:
         refs = sl.reference_outputs(
             llm, [*load_jobs, sl.FOLLOW_UP, *sl.BOUNDARY_JOBS, *sl.SHUTDOWN_JOBS,
@@ -37,8 +43,8 @@ def references(partial_pair, load_jobs):
 
 
 @pytest.fixture(scope="session")
-def server(references, partial_pair, tmp_path_factory):
-    target, draft = partial_pair
+def server(references, trained_pair, tmp_path_factory):
+    target, draft = trained_pair
     srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(draft)),
                      tmp_path_factory.mktemp("serve-load") / "server.log", env=sl.SERVER_ENV)
     try:

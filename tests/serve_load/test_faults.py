@@ -1,6 +1,7 @@
 """Faults against the running DFlash + fp8 server: each gets a clear error
 (HTTP status and message) or a clean cancellation, and the next greedy
-request is still answered with the target-only output."""
+request is still answered with the target-only output (token for token:
+float32, tests/support/lossless.py)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,16 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     abandoned = {j.key for j in jobs}
     gone = [o for o in outs if o.job.key in abandoned and not o.ok]
     kept = [o for o in outs if o.job.key not in abandoned]
+    healthy_report, bad = sl.check(kept, references)
+    # What an abandoned client did get is the start of the reference output.
+    prefixes = sl.check_prefixes([o for o in outs if o.job.key in abandoned and o.token_ids],
+                                 references)
     figures[scenario] = {
         "abandoned_sent": len(jobs), "abandoned": len(gone),
         "abandoned_completed_anyway": len(jobs) - len(gone),
         "healthy_sent": len(healthy), "healthy_completed": sum(o.ok for o in kept),
-        "healthy_equal_to_reference": sum(not sl.problems(o, references[o.job.key]) for o in kept),
+        **{f"healthy_{k}": v for k, v in healthy_report.summary().items()},
+        **{f"abandoned_prefix_{k}": v for k, v in prefixes.summary().items() if k != "rule"},
         "drafts_during": int(sl.delta(before, after, "vllm:spec_decode_num_drafts_total")),
         "wall_s": round(wall, 2),
     }
@@ -43,12 +49,7 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     assert after.get("vllm:num_requests_waiting", 0) == 0, after.get("vllm:num_requests_waiting")
     assert after.get("vllm:kv_cache_usage_perc", 0) == 0, "KV blocks of abandoned requests leaked"
     assert sl.delta(before, after, "vllm:spec_decode_num_drafts_total") > 0
-    # What an abandoned client did get is the start of the reference output.
-    for o in outs:
-        if o.job.key in abandoned and o.token_ids:
-            ref = references[o.job.key]["token_ids"]
-            assert o.token_ids == ref[:len(o.token_ids)], f"{o.job.key}: partial output differs"
-    bad = [p for o in kept for p in sl.problems(o, references[o.job.key])]
+    assert prefixes.ok, f"partial outputs differ: {prefixes.explain()}"
     assert not bad, bad[:10]
     return outs
 
@@ -112,9 +113,9 @@ def test_prompt_plus_max_tokens_equal_to_max_model_len_is_served(live_server, re
     not change what the target emits."""
     srv = live_server
     outs, _ = sl.run_jobs(srv.base, srv.model, sl.BOUNDARY_JOBS, concurrency=len(sl.BOUNDARY_JOBS))
-    bad = [p for o in outs for p in sl.problems(o, references[o.job.key])]
+    report, bad = sl.check(outs, references)
     figures["at max_model_len"] = {"sent": len(outs), "completed": sum(o.ok for o in outs),
-                                   "equal_to_reference": len(outs) - len({b.split(':')[0] for b in bad})}
+                                   **report.summary()}
     assert not bad, bad
     sl.assert_still_serving(srv, references)
 

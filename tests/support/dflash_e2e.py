@@ -120,6 +120,37 @@ def generate_ids(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS):
     return ids, texts
 
 
+def generate_with_logprobs(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, k: int | None = None):
+    """Greedy ids and, per output position, the top-``k`` logprobs
+    (``{token id: logprob}`` rows; k defaults to lossless.TOP_K) for a
+    near-tie comparison (tests/support/lossless.py)."""
+    import lossless
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            logprobs=lossless.TOP_K if k is None else k)
+    t0 = time.monotonic()
+    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    rows = [lossless.logprob_rows(o.outputs[0].logprobs) for o in outs]
+    print(f"[e2e] generated {sum(map(len, ids))} tokens (with logprobs) for {len(ids)} prompts "
+          f"in {time.monotonic() - t0:.2f} s")
+    return ids, rows
+
+
+def start_trained_fp32(pair: tuple[str, str]):
+    """DFlash on the trained pair in float32 (auto KV cache, no prefix
+    caching); one key, so tests in different modules share the engine."""
+    target, draft = pair
+    return start_llm(
+        ("dflash-trained", "fp32"),
+        model=target,
+        dtype="float32",
+        enable_prefix_caching=False,
+        speculative_config=dflash_spec_config(draft),
+    )
+
+
 def spec_metrics(llm) -> dict:
     """Spec-decode counters from vLLM's metrics (LLM.get_metrics())."""
     out = {}

@@ -4,7 +4,8 @@ Used by tests/serve_load/ and benchmarks/bench_serve_load.py. A workload is a
 list of :class:`Job` (completions or chat, streaming or not, greedy, fixed
 length); :func:`run_jobs` sends them with bounded concurrency and returns one
 :class:`Outcome` per job, with the generated token ids as the server
-reported them (``return_token_ids``) so outputs compare token for token.
+reported them (``return_token_ids``) so outputs compare token for token
+(:func:`check`, by the rule of tests/support/lossless.py for MODEL_DTYPE).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+import lossless
 
 CLIENT_TIMEOUT_S = 300.0
 
@@ -218,18 +221,23 @@ def reference_outputs(llm, jobs: list[Job]) -> dict[str, dict]:
     return refs
 
 
-def problems(out: Outcome, ref: dict) -> list[str]:
-    """Why this outcome is not the reference output, complete and alone."""
+def problems(out: Outcome, ref: dict, report: lossless.Report | None = None) -> list[str]:
+    """Why this outcome is not the reference output, complete and alone.
+    Token ids compare by the suite's lossless rule for MODEL_DTYPE (float32:
+    exact, tests/support/lossless.py); with ``report`` the verdict is kept
+    there too."""
     j = out.job
     if not out.ok:
         return [f"{j.key}: HTTP {out.status}, {out.error}"]
     bad = []
-    if out.token_ids != ref["token_ids"]:
-        first = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref["token_ids"])) if a != b),
-                     min(len(out.token_ids), len(ref["token_ids"])))
+    verdict = lossless.compare(out.token_ids, ref["token_ids"], dtype=MODEL_DTYPE, key=j.key)
+    if report is not None:
+        report.add(verdict)
+    if not verdict.ok:
         bad.append(f"{j.key} ({j.api}, stream={j.stream}): {len(out.token_ids)} tokens vs "
-                   f"{len(ref['token_ids'])} in the reference, first difference at {first}")
-    if out.text != ref["text"]:
+                   f"{len(ref['token_ids'])} in the reference, first difference at "
+                   f"{verdict.parting.position}: {verdict.parting.describe()}")
+    if verdict.equal and out.text != ref["text"]:
         bad.append(f"{j.key}: text differs from the reference")
     if out.prompt_token_ids is not None and out.prompt_token_ids != ref["prompt_token_ids"]:
         bad.append(f"{j.key}: prompt token ids differ from the reference")
@@ -240,6 +248,23 @@ def problems(out: Outcome, ref: dict) -> list[str]:
     if len(out.response_ids) != 1:
         bad.append(f"{j.key}: {len(out.response_ids)} response ids {sorted(out.response_ids)}")
     return bad
+
+
+def check(outs: list[Outcome], references: dict) -> tuple[lossless.Report, list[str]]:
+    """Every outcome against its reference: the lossless report over the
+    answered ones (counts for the figures) and every problem found."""
+    report = lossless.Report(MODEL_DTYPE)
+    bad = [p for o in outs for p in problems(o, references[o.job.key], report)]
+    return report, bad
+
+
+def check_prefixes(outs: list[Outcome], references: dict) -> lossless.Report:
+    """Outputs cut short (a client went away, the server stopped): what was
+    received is the start of the reference output, token for token."""
+    report = lossless.Report(MODEL_DTYPE)
+    for o in outs:
+        report.compare(o.job.key, o.token_ids, references[o.job.key]["token_ids"], prefix=True)
+    return report
 
 
 def latency_summary(outs: list[Outcome]) -> dict[str, float]:
@@ -281,7 +306,14 @@ def acceptance_length(before: dict[str, float], after: dict[str, float]) -> floa
 # backend honours too): MAX_NUM_SEQS requests cannot all keep their blocks,
 # so the scheduler has to preempt (checked on /metrics). The same arguments
 # run on a GPU; there VLLM_CPU_KVCACHE_SPACE is ignored.
+# The model runs in float32, the server and the reference engine alike, so
+# every output must equal the target-only one token for token under any
+# batching (tests/support/lossless.py: in bf16 the verification step's
+# numerics depend on the batch and outputs may part at near-ties). The KV
+# cache stays fp8: its bytes per token do not depend on the model dtype, and
+# --num-gpu-blocks-override fixes the block count whatever the dtypes.
 
+MODEL_DTYPE = "float32"
 MAX_MODEL_LEN = 256
 BLOCK_SIZE = 32
 NUM_BLOCKS = 12  # 384 tokens: about two requests of the load at once
@@ -308,14 +340,25 @@ ABANDONED_JOBS = mixed_jobs(16, seed=3, max_tokens=160, prompt_len=(16, 64))
 
 
 def load_jobs() -> list[Job]:
-    return mixed_jobs(LOAD_REQUESTS, seed=1, max_tokens=LOAD_MAX_TOKENS, prompt_len=LOAD_PROMPT_LEN)
+    """LOAD_REQUESTS mixed jobs, and every sixth one (from the first) a
+    completion of one of the trained pair's training prompts
+    (vllm.fork.tiny_pairs.trained_prompts): the trained drafter drafts those
+    continuations nearly token for token and the others hardly at all, so
+    accepted and rejected drafts share the preempted batches."""
+    from vllm.fork.tiny_pairs import trained_prompts
+
+    jobs = mixed_jobs(LOAD_REQUESTS, seed=1, max_tokens=LOAD_MAX_TOKENS, prompt_len=LOAD_PROMPT_LEN)
+    for i, prompt in enumerate(trained_prompts()):
+        jobs.insert(i * 6, Job(f"trained-{i}", "completions", stream=i % 2 == 1,
+                               prompt=tuple(prompt), max_tokens=LOAD_MAX_TOKENS))
+    return jobs
 
 
 def server_args(spec_config: dict | None, kv_dtype: str = KV_DTYPE,
-                num_blocks: int = NUM_BLOCKS) -> list[str]:
+                num_blocks: int = NUM_BLOCKS, dtype: str = MODEL_DTYPE) -> list[str]:
     """`vllm serve` arguments of the suite's server (spec_config None: target only)."""
     return [
-        "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
+        "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
         "--enforce-eager", "--seed", "0",
         "--kv-cache-dtype", kv_dtype,
         "--max-num-seqs", str(MAX_NUM_SEQS),
