@@ -12,7 +12,7 @@ def _make_pair(tmp_path_factory, name: str, acceptance: str, **kw):
     # and tests/packaging must run without torch installed.
     import dflash_e2e as e2e
 
-    return _make_pair(tmp_path_factory, name, acceptance, **kw)
+    return e2e.make_pair(tmp_path_factory, name, acceptance, **kw)
 
 
 @pytest.fixture(scope="session")
