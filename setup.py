@@ -8,6 +8,7 @@ with VLLM_TARGET_DEVICE=cuda|cpu; see README.md for offline builds.
 from __future__ import annotations
 
 import io
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -53,9 +54,42 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 _SDIST_CONTENT = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "forkbuild", "patches", "vllm")
 
 
+def _pkg_info(cfg, version: str) -> bytes:
+    """Core metadata of the sdist (Requires-Dist comes from the base wheel,
+    which only the wheel build fetches: declared dynamic)."""
+    lines = ["Metadata-Version: 2.2", "Name: vllm", f"Version: {version}"]
+    if cfg.summary:
+        lines.append(f"Summary: {cfg.summary}")
+    lines.append(f"Project-URL: Upstream, {assemble.UPSTREAM_URL}")
+    if cfg.requires_python:
+        lines.append(f"Requires-Python: {cfg.requires_python}")
+    lines += ["Dynamic: Requires-Dist", "Description-Content-Type: text/markdown"]
+    readme = ROOT / "README.md"
+    body = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    return ("\n".join(lines) + "\n\n" + body).encode()
+
+
+def _sdist_pyproject(target_name: str) -> bytes:
+    """pyproject.toml with the sdist's target pinned (see ForkConfig.sdist_target)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    pinned, count = re.subn(r'(?m)^default-target = "[^"]*"$',
+                            f'default-target = "{target_name}"\nsdist-target = "{target_name}"', text)
+    if count != 1:
+        raise config.ConfigError("pyproject.toml: [tool.vllm-fork] needs one default-target line")
+    return pinned.encode()
+
+
 def build_sdist(sdist_directory, config_settings=None):
-    cfg = config.load(ROOT)
-    name = f"vllm-{cfg.fork_version(cfg.target())}"
+    """An sdist for the target VLLM_TARGET_DEVICE names (default: cuda): its
+    name carries that target's version, so it builds that target only."""
+    try:
+        cfg = config.load(ROOT)
+        target = cfg.target()
+        version = cfg.fork_version(target)
+        pyproject = _sdist_pyproject(target.name)
+    except _ERRORS as exc:
+        _fail(exc)
+    name = f"vllm-{version}"
     path = Path(sdist_directory) / f"{name}.tar.gz"
 
     def normalise(info: tarfile.TarInfo):
@@ -66,16 +100,18 @@ def build_sdist(sdist_directory, config_settings=None):
         info.mtime = 0
         return info
 
-    with tarfile.open(path, "w:gz") as tar:
-        for entry in _SDIST_CONTENT:
-            if (ROOT / entry).exists():
-                tar.add(ROOT / entry, arcname=f"{name}/{entry}", filter=normalise)
-        # Core fields only: the full METADATA needs the base wheel, which the
-        # wheel build (not the sdist) fetches.
-        data = f"Metadata-Version: 2.1\nName: vllm\nVersion: {cfg.fork_version(cfg.target())}\n".encode()
-        info = tarfile.TarInfo(f"{name}/PKG-INFO")
+    def add_bytes(tar, arcname: str, data: bytes) -> None:
+        info = normalise(tarfile.TarInfo(f"{name}/{arcname}"))
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(path, "w:gz") as tar:
+        for entry in _SDIST_CONTENT:
+            if entry == "pyproject.toml":
+                add_bytes(tar, entry, pyproject)
+            elif (ROOT / entry).exists():
+                tar.add(ROOT / entry, arcname=f"{name}/{entry}", filter=normalise)
+        add_bytes(tar, "PKG-INFO", _pkg_info(cfg, version))
     return path.name
 
 

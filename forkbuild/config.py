@@ -49,6 +49,9 @@ class ForkConfig:
     # [project] fields this fork states itself (the base's are a third party's).
     summary: str = ""
     requires_python: str = ""
+    # Set in an sdist's pyproject.toml: the one target that sdist builds (its
+    # file name carries that target's version, and pip insists they agree).
+    sdist_target: str = ""
 
     @property
     def patches_dir(self) -> Path:
@@ -60,6 +63,16 @@ class ForkConfig:
 
     def target(self, name: str | None = None) -> Target:
         name = name or os.environ.get(TARGET_ENV) or self.default_target
+        if self.sdist_target and name != self.sdist_target:
+            other = self.targets.get(name)
+            raise ConfigError(
+                f"this sdist builds the {self.sdist_target!r} target "
+                f"(vllm {self.fork_version(self.targets[self.sdist_target])}), not {name!r} "
+                f"(from {TARGET_ENV}); use the {name!r} sdist"
+                + (f" (vllm {self.fork_version(other)}, made with {TARGET_ENV}={name} "
+                   f"python -m build --sdist)" if other else "")
+                + ", a checkout, or the git URL"
+            )
         if name not in self.targets:
             raise ConfigError(
                 f"unknown build target {name!r} (from {TARGET_ENV}); "
@@ -101,6 +114,7 @@ def load(root: Path | None = None) -> ForkConfig:
         targets=targets,
         summary=project.get("description", ""),
         requires_python=project.get("requires-python", ""),
+        sdist_target=table.get("sdist-target", ""),
     )
 
 

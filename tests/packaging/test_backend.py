@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import zipfile
 
 import pytest
@@ -233,3 +234,54 @@ def test_sdist_carries_what_the_wheel_build_needs(fork_repo, tmp_path):
     root = result.stdout.strip()[: -len(".tar.gz")]
     for needed in ("pyproject.toml", "setup.py", "forkbuild/assemble.py", "patches/series", "PKG-INFO"):
         assert f"{root}/{needed}" in names
+
+
+def _sdist(fork_repo, out, target):
+    result = run_backend(fork_repo, "build_sdist", out, {"VLLM_TARGET_DEVICE": target})
+    assert result.returncode == 0, result.stderr
+    return out / result.stdout.strip()
+
+
+def test_sdist_builds_its_own_target_and_names_the_other(fork_repo, tmp_path):
+    """An sdist's file name carries one target's version (pip requires the
+    built wheel to match it): it builds that target, with or without
+    VLLM_TARGET_DEVICE, and refuses the other with what to use instead."""
+    import subprocess
+    import sys
+    import tarfile
+
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    sdists = tmp_path / "sdists"
+    cuda, cpu = _sdist(fork_repo, sdists, "cuda"), _sdist(fork_repo, sdists, "cpu")
+    assert (cuda.name, cpu.name) == ("vllm-0.21.0+dflashfp8.1.tar.gz", "vllm-0.21.0+cpu.dflashfp8.1.tar.gz")
+    with tarfile.open(cpu) as tar:
+        pkg_info = tar.extractfile("vllm-0.21.0+cpu.dflashfp8.1/PKG-INFO").read().decode()
+    assert "Version: 0.21.0+cpu.dflashfp8.1\n" in pkg_info
+    assert "Summary: vLLM 0.21.0 with the DFlash FP8 KV-cache fix" in pkg_info
+    assert "Requires-Python: >=3.10,<3.15\n" in pkg_info and "Dynamic: Requires-Dist\n" in pkg_info
+
+    def pip_wheel(requirement, env):
+        out = tmp_path / f"wheels-{len(list(tmp_path.iterdir()))}"
+        p = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--find-links", str(sdists),
+             "--disable-pip-version-check", "--no-cache-dir", "-w", str(out), requirement],
+            capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+        return p, sorted(w.name for w in out.glob("*.whl")) if out.exists() else []
+
+    # The CPU build from the CPU sdist, found among both by its version.
+    p, wheels = pip_wheel("vllm==0.21.0+cpu.dflashfp8.1", {"VLLM_TARGET_DEVICE": "cpu"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert wheels == ["vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"]
+    # The CUDA sdist with no target set builds CUDA.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+                             "--disable-pip-version-check", "-w", str(tmp_path / "cuda-wheel"), str(cuda)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [w.name for w in (tmp_path / "cuda-wheel").glob("*.whl")] == [
+        "vllm-0.21.0+dflashfp8.1-cp38-abi3-manylinux_2_24_x86_64.whl"]
+    # The CUDA sdist asked for the CPU target: a clear error naming the CPU sdist.
+    p, wheels = pip_wheel(str(cuda), {"VLLM_TARGET_DEVICE": "cpu"})
+    assert p.returncode != 0 and not wheels
+    assert "this sdist builds the 'cuda' target" in p.stderr + p.stdout
+    assert "vllm 0.21.0+cpu.dflashfp8.1" in p.stderr + p.stdout
