@@ -113,6 +113,8 @@ def _download(target: Target, destination: Path) -> Path:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=300) as response:
             shutil.copyfileobj(response, out, 1 << 20)
         _verify(Path(partial), target)
+        # mkstemp creates 0600; a cache shared by users and CI images is read by others.
+        os.chmod(partial, 0o644)
         os.replace(partial, destination)
     except BaseException:
         Path(partial).unlink(missing_ok=True)

@@ -62,20 +62,21 @@ class ForkConfig:
         return self.root / "vllm"
 
     def target(self, name: str | None = None) -> Target:
+        origin = "given" if name else f"from {TARGET_ENV}" if os.environ.get(TARGET_ENV) else "the default"
         name = name or os.environ.get(TARGET_ENV) or self.default_target
         if self.sdist_target and name != self.sdist_target:
             other = self.targets.get(name)
             raise ConfigError(
                 f"this sdist builds the {self.sdist_target!r} target "
                 f"(vllm {self.fork_version(self.targets[self.sdist_target])}), not {name!r} "
-                f"(from {TARGET_ENV}); use the {name!r} sdist"
+                f"({origin}); use the {name!r} sdist"
                 + (f" (vllm {self.fork_version(other)}, made with {TARGET_ENV}={name} "
                    f"python -m build --sdist)" if other else "")
                 + ", a checkout, or the git URL"
             )
         if name not in self.targets:
             raise ConfigError(
-                f"unknown build target {name!r} (from {TARGET_ENV}); "
+                f"unknown build target {name!r} ({origin}); "
                 f"valid targets: {', '.join(sorted(self.targets))}"
             )
         return self.targets[name]

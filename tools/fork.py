@@ -157,7 +157,15 @@ def check_series(
 
 def cmd_check(args) -> None:
     cfg = config.load(ROOT)
-    source = Path(args.against) if os.path.exists(args.against) else _fetch_sdist(args.against)
+    source = Path(args.against)
+    if not source.exists():
+        if os.sep in args.against or args.against.endswith((".whl", ".tar.gz")):
+            raise config.ConfigError(f"--against {args.against}: no such file or directory")
+        if os.environ.get(config.OFFLINE_ENV, "") not in ("", "0"):
+            raise config.ConfigError(
+                f"--against {args.against}: {config.OFFLINE_ENV} is set, so the vllm {args.against} "
+                "sdist is not fetched from the index; pass a local wheel, sdist or directory")
+        source = _fetch_sdist(args.against)
     target = cfg.target(args.target)
     try:
         base = source_files(find_base_wheel(target))
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (config.ConfigError, patching.PatchError, subprocess.CalledProcessError) as exc:
+    except (config.ConfigError, patching.PatchError, BaseWheelError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         sys.exit(f"error: {exc}\n{detail.decode(errors='replace')}".rstrip())
 

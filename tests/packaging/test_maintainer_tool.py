@@ -193,3 +193,67 @@ def test_python_change_present_compares_statements():
     # no statement changed, or nothing to parse: no verdict
     assert python_change_present(old, old.replace(b"\n", b"  # c\n", 1), old) is None
     assert python_change_present(b"line 1\n", b"line 2\n", b"line 2\n") is None
+
+
+# --- errors a maintainer meets, each a clear line, never a traceback --------
+def test_unpack_offline_without_a_base_is_a_clear_error(fork_repo, tmp_path):
+    result = run_tool(fork_repo, "unpack", str(tmp_path / "tree"), "--target", "cpu",
+                      env={"VLLM_FORK_BASE_WHEEL": "", "VLLM_FORK_OFFLINE": "1",
+                           "VLLM_FORK_CACHE_DIR": str(tmp_path / "empty-cache")})
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "offline build and no cached base" in result.stderr
+
+
+def test_check_against_a_missing_path_never_asks_the_index(fork_repo, tmp_path):
+    _series(fork_repo)
+    # An unreachable index: any lookup would fail with "cannot list".
+    env = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
+    result = run_tool(fork_repo, "check", "--against", str(tmp_path / "missing" / "vllm.whl"), env=env)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "no such file or directory" in result.stderr and "cannot list" not in result.stderr
+    offline = run_tool(fork_repo, "check", "--against", "0.22.0", env={**env, "VLLM_FORK_OFFLINE": "1"})
+    assert offline.returncode != 0 and "Traceback" not in offline.stderr, offline.stderr
+    assert "VLLM_FORK_OFFLINE is set" in offline.stderr and "cannot list" not in offline.stderr
+
+
+def test_unknown_target_names_where_it_came_from(fork_repo, tmp_path):
+    given = run_tool(fork_repo, "unpack", str(tmp_path / "a"), "--target", "tpu")
+    assert "unknown build target 'tpu' (given)" in given.stderr, given.stderr
+    from_env = run_tool(fork_repo, "unpack", str(tmp_path / "b"), env={"VLLM_TARGET_DEVICE": "tpu"})
+    assert "unknown build target 'tpu' (from VLLM_TARGET_DEVICE)" in from_env.stderr, from_env.stderr
+
+
+def test_downloaded_base_is_cached_readable_by_all(fork_repo, tmp_path):
+    """The cache is shared (users, CI images): the base is 0644, not mkstemp's 0600."""
+    import http.server
+    import json
+    import threading
+
+    target = fork_repo.config().targets["cpu"]
+    wheel = next(fork_repo.bases.glob(target.filename))
+    listing = json.dumps({"files": [{"filename": target.filename, "url": f"/files/{target.filename}"}]}).encode()
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = listing if self.path == f"/simple/{target.dist}/" else wheel.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cache = tmp_path / "cache"
+        result = run_tool(fork_repo, "unpack", str(tmp_path / "tree"), "--target", "cpu",
+                          env={"VLLM_FORK_BASE_WHEEL": "", "VLLM_FORK_CACHE_DIR": str(cache),
+                               "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_port}/simple"})
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    (cached,) = cache.rglob(target.filename)
+    assert cached.stat().st_mode & 0o777 == 0o644
