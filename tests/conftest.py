@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 SUPPORT = Path(__file__).resolve().parent / "support"
 # Helper modules shared by several test directories and benchmarks/
 # (dflash_e2e, vllm_server): importable by their plain names.
@@ -24,6 +26,26 @@ if os.environ.get(NO_AVX512_ENV) == "1":
 
 # The tiny model pairs, as session fixtures for every directory.
 pytest_plugins = ["tiny_pair_fixtures"]
+
+
+# Figures the suites measured (counts compared/exact/parted, acceptance
+# lengths, KV blocks), shown in the terminal summary so CI logs carry them.
+_MEASURED = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def measured_section(request):
+    """measured_section(title) -> a list; its lines end up in the terminal summary."""
+    sections = request.config.stash.setdefault(_MEASURED, {})
+    return lambda title: sections.setdefault(title, [])
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for title, lines in config.stash.get(_MEASURED, {}).items():
+        if lines:
+            terminalreporter.write_sep("-", title)
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 def pytest_configure(config):

@@ -15,10 +15,10 @@ def _shutdown_engines_at_end():
 
 
 @pytest.fixture(scope="session")
-def measurements():
-    """Numbers the tests measured; printed at the end of the session."""
+def measurements(measured_section):
+    """Numbers the tests measured; in the terminal summary at the end."""
     data: dict = {}
     yield data
-    print("\n[e2e] measured:")
+    lines = measured_section("cpu_e2e measurements")
     for k in sorted(data, key=str):
-        print(f"[e2e]   {k}: {data[k]}")
+        lines.append(f"[e2e] {k}: {data[k]}")

@@ -67,10 +67,10 @@ def live_server(server):
 
 
 @pytest.fixture(scope="session")
-def figures():
-    """Per-scenario counts and timings; printed at the end of the session."""
+def figures(measured_section):
+    """Per-scenario counts and timings; in the terminal summary at the end."""
     data: dict[str, dict] = {}
     yield data
-    print("\n[serve-load] figures:")
+    lines = measured_section("serve_load figures")
     for scenario, values in data.items():
-        print(f"[serve-load]   {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+        lines.append(f"[serve-load] {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
