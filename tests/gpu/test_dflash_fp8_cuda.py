@@ -30,7 +30,6 @@ if not torch.cuda.is_available():
 import dflash_e2e as e2e  # noqa: E402
 import gpu_backends as gb  # noqa: E402
 import gpu_e2e  # noqa: E402
-import lossless  # noqa: E402
 
 HEAD = gpu_e2e.tiny_head_size()
 CAPABILITY = gb.current_capability()
@@ -151,9 +150,7 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
     assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, run["metrics"]
     assert all(len(got) == e2e.MAX_TOKENS for got in run["ids"])
     # bf16: equal, or parted at a near-tie (tests/support/lossless.py).
-    report = lossless.compare_all(
-        [f"prompt {i}" for i in range(len(e2e.PROMPTS))], run["ids"], ref["ids"],
-        dtype="bfloat16", got_logprobs=run["logprobs"], want_logprobs=ref["logprobs"])
+    report = e2e.near_tie_report(run, ref)
     measurements[f"lossless {gpu_e2e.case_id(*case)}"] = report.summary()
     print(f"[gpu] {gpu_e2e.case_id(*case)}: {report.explain()}")
     assert report.ok, report.explain()

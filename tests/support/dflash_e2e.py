@@ -104,10 +104,10 @@ def dflash_spec_config(draft_dir: str, **extra) -> dict:
     return cfg
 
 
-def greedy_params(max_tokens: int = MAX_TOKENS):
+def greedy_params(max_tokens: int = MAX_TOKENS, logprobs: int | None = None):
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs)
 
 
 def generate_ids(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS):
@@ -125,10 +125,8 @@ def generate_with_logprobs(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, k
     (``{token id: logprob}`` rows; k defaults to lossless.TOP_K) for a
     near-tie comparison (tests/support/lossless.py)."""
     import lossless
-    from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            logprobs=lossless.TOP_K if k is None else k)
+    params = greedy_params(max_tokens, logprobs=lossless.TOP_K if k is None else k)
     t0 = time.monotonic()
     outs = llm.generate(list(prompts), params, use_tqdm=False)
     ids = [list(o.outputs[0].token_ids) for o in outs]
@@ -136,6 +134,17 @@ def generate_with_logprobs(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, k
     print(f"[e2e] generated {sum(map(len, ids))} tokens (with logprobs) for {len(ids)} prompts "
           f"in {time.monotonic() - t0:.2f} s")
     return ids, rows
+
+
+def near_tie_report(got: dict, want: dict):
+    """bf16 losslessness of two runs of :func:`generate_with_logprobs` over
+    PROMPTS (``{"ids", "logprobs"}`` each): tests/support/lossless.py's
+    near-tie rule, one entry per prompt."""
+    import lossless
+
+    return lossless.compare_all(
+        [f"prompt {i}" for i in range(len(got["ids"]))], got["ids"], want["ids"],
+        dtype="bfloat16", got_logprobs=got["logprobs"], want_logprobs=want["logprobs"])
 
 
 def start_trained_fp32(pair: tuple[str, str]):
