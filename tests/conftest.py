@@ -24,6 +24,11 @@ if os.environ.get(NO_AVX512_ENV) == "1":
 
     no_avx512_probes.apply()
 
+import parallel_workers  # noqa: E402
+import patch_guards  # noqa: E402
+
+parallel_workers.bind_engines_to_this_workers_core()
+
 # The tiny model pairs, as session fixtures for every directory.
 pytest_plugins = ["tiny_pair_fixtures"]
 
@@ -56,6 +61,17 @@ def pytest_configure(config):
         "needs_patch(*numbers): the test guards these patches (4-digit numbers) "
         "and must fail on a build without any of them",
     )
+    config.addinivalue_line(
+        "markers",
+        "installed_fork: checks the fork wheel installed in this environment "
+        "(tools/run_tests.sh installs it; a torch-free packaging run deselects these)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "no_avx512_pass: also run as on a CPU without AVX-512/AMX (set by conftest; "
+        "tools/run_tests.sh runs -m no_avx512_pass with VLLM_FORK_TEST_NO_AVX512=1)",
+    )
+    parallel_workers.register(config, _MEASURED)
 
 
 def pytest_report_header(config):
@@ -85,7 +101,33 @@ def pytest_addoption(parser):
     )
 
 
+# What tools/run_tests.sh runs a second time on AVX-512/AMX CPUs, as a CPU
+# without them (VLLM_FORK_TEST_NO_AVX512=1): `pytest -m no_avx512_pass`.
+NO_AVX512_PASS_FILES = ("kernels/test_cpu_torch_fp8_kv.py", "kernels/test_cpu_noncausal_attention.py",
+                        "cpu_e2e/test_dflash_kv.py")
+# The necessity proofs of the patches whose guards take the fp8 KV path.
+NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0004", "0005", "0012")
+
+
+def _in_no_avx512_pass(item) -> bool:
+    try:
+        rel = Path(item.path).resolve().relative_to(Path(__file__).resolve().parent).as_posix()
+    except ValueError:  # a test outside tests/
+        return False
+    if rel in NO_AVX512_PASS_FILES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    return (rel == "necessity/test_patches_are_needed.py" and callspec is not None
+            and callspec.id in NO_AVX512_PASS_PATCHES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselect and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _in_no_avx512_pass(item):
+            item.add_marker("no_avx512_pass")
+    patch_guards.record_guard_files(config, items)
+    parallel_workers.group_and_order(config, items)
     number = config.getoption("--needs-patch")
     if not number:
         return

@@ -6,18 +6,52 @@
 # requirements, and runs the whole suite against the installed wheel.
 # CI (.ci/run) runs exactly this.
 #
-# With no arguments, on a CPU with AVX-512 or AMX, a second pass runs the
-# checks of the fp8 KV path that AVX2-only CPUs take (the kernel tests, the
-# fp8 e2e guards and the necessity proofs of the patches they guard) with
-# VLLM_FORK_TEST_NO_AVX512=1, so that path is tested on every machine; on an
-# AVX2-only CPU the first pass already is that run.
+# The suite runs on pytest-xdist workers (--dist loadgroup;
+# tests/support/parallel_workers.py says what stays together): one per core,
+# at most one per 8 GiB of memory and at most 4 (engines take ~4 GiB each).
+# VLLM_FORK_TEST_WORKERS=N (or -n N among the arguments) overrides that
+# (0: no workers, one process). Arguments select tests as in pytest
+# (tools/run_tests.sh tests/kernels, -m "not slow", -k 0003, ...).
+# On a CPU with AVX-512 or AMX, a second pass runs the checks of the fp8 KV
+# path that AVX2-only CPUs take (the kernel tests, the fp8 e2e guards and the
+# necessity proofs of the patches they guard) with VLLM_FORK_TEST_NO_AVX512=1,
+# so that path is tested on every machine; on an AVX2-only CPU the first pass
+# already is that run. Each stage's time is printed at the end.
 # VLLM_FORK_REPORT_DIR=DIR writes a JUnit XML file per pass into DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_FORK_VENV:-$PWD/.venv}
+
+STAGES=()
+stage_start=$SECONDS
+# stage_done NAME STATUS: record how long the stage since the last one took.
+stage_done() {
+  STAGES+=("$(printf '%-44s %5ds  %s' "$1" $((SECONDS - stage_start)) "$2")")
+  stage_start=$SECONDS
+}
+report_stages() {
+  printf '\n==> stage times (total %ds)\n' "$SECONDS"
+  printf '    %s\n' "${STAGES[@]}"
+}
+trap report_stages EXIT
+
 WHEEL=$(bash tools/install_fork.sh cpu tests/requirements.txt)
 export VLLM_FORK_WHEEL=$WHEEL
+stage_done "install (venv, fork wheel, test requirements)" ok
 PYTEST=("$VENV/bin/python" -m pytest -ra)
+
+workers() {
+  if [ -n "${VLLM_FORK_TEST_WORKERS:-}" ]; then echo "$VLLM_FORK_TEST_WORKERS"; return; fi
+  "$VENV/bin/python" - <<'PY'
+import os
+cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+print(max(1, min(cpus, int(mem_gib // 8), 4)))
+PY
+}
+WORKERS=$(workers)
+PARALLEL=(-n "$WORKERS" --dist loadgroup)
+if [ "$WORKERS" = 0 ]; then PARALLEL=(); fi
 
 junit() {
   if [ -n "${VLLM_FORK_REPORT_DIR:-}" ]; then
@@ -37,25 +71,36 @@ run_pass() {
   return "$status"
 }
 
-printf '\n==> running the test suite\n'
+# Arguments select tests as pytest's own do (a path, -k, -m, --ignore, -n 0
+# for one process); both passes get them. A -m expression is joined to the
+# second pass's own marker.
+ARGS=() MARKEXPR=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -m) MARKEXPR=$2; shift 2 ;;
+    -m*) MARKEXPR=${1#-m}; shift ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+FIRST_M=() SECOND_M=(-m no_avx512_pass)
+if [ -n "$MARKEXPR" ]; then FIRST_M=(-m "$MARKEXPR"); SECOND_M=(-m "no_avx512_pass and ($MARKEXPR)"); fi
+what="the test suite"
+if [ "${#ARGS[@]}" -gt 0 ] || [ -n "$MARKEXPR" ]; then what="pytest ${FIRST_M[*]} ${ARGS[*]}"; fi
+
 status=0
-# No arguments: the whole suite, necessity proofs included (what CI runs).
-# Quicker local loops: -m "not slow", or a path such as tests/kernels.
-if [ "$#" -gt 0 ]; then
-  run_pass "$@" || status=$?
-  exit "$status"
-fi
-run_pass $(junit suite) || status=$?
+printf '\n==> running %s on %s worker(s)\n' "$what" "$WORKERS"
+run_pass "${PARALLEL[@]}" $(junit suite) "${FIRST_M[@]}" "${ARGS[@]}" || status=$?
+stage_done "$what ($WORKERS workers)" "$([ "$status" -eq 0 ] && echo passed || echo FAILED)"
 
 if "$VENV/bin/python" -c 'import sys, torch; sys.exit(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()))'; then
   printf '\n==> again as on a CPU without AVX-512 or AMX (VLLM_FORK_TEST_NO_AVX512=1)\n'
-  NECESSITY=tests/necessity/test_patches_are_needed.py::test_build_without_patch_fails_its_tests
+  # The selected tests marked no_avx512_pass (tests/conftest.py says which);
+  # a selection without any is no failure here.
   no_avx512=0
-  VLLM_FORK_TEST_NO_AVX512=1 run_pass $(junit no-avx512) \
-    tests/kernels/test_cpu_torch_fp8_kv.py tests/kernels/test_cpu_noncausal_attention.py \
-    tests/cpu_e2e/test_dflash_kv.py \
-    "$NECESSITY[0001]" "$NECESSITY[0002]" "$NECESSITY[0003]" "$NECESSITY[0004]" \
-    "$NECESSITY[0005]" "$NECESSITY[0012]" || no_avx512=$?
+  VLLM_FORK_TEST_NO_AVX512=1 "${PYTEST[@]}" "${PARALLEL[@]}" $(junit no-avx512) \
+    "${SECOND_M[@]}" "${ARGS[@]}" || no_avx512=$?
+  [ "$no_avx512" -ne 5 ] || no_avx512=0
+  stage_done "as without AVX-512/AMX ($WORKERS workers)" "$([ "$no_avx512" -eq 0 ] && echo passed || echo FAILED)"
   [ "$status" -ne 0 ] || status=$no_avx512
 else
   printf '\n==> this CPU has neither AVX-512 nor AMX: the run above took the AVX2 paths\n'

@@ -139,6 +139,8 @@ def _synthetic_tree(tmp_path: Path, body: str) -> Path:
     (root / "pytest.ini").write_text("[pytest]\n")
     shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
     (root / "tests" / "support" / "tiny_pair_fixtures.py").write_text("")
+    for plugin in ("parallel_workers.py", "patch_guards.py"):  # imported by conftest.py
+        shutil.copy(TESTS / "support" / plugin, root / "tests" / "support" / plugin)
     (root / "tests" / "test_guards.py").write_text(textwrap.dedent(body))
     (tmp_path / "work").mkdir()
     return root

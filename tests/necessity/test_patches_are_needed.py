@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from forkbuild import assemble, config, patching  # noqa: E402
 from guard_verdict import classify, run_guards, verdict  # noqa: E402
+from patch_guards import guard_files  # noqa: E402
 
 CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
@@ -47,7 +48,7 @@ SERIES = patching.read_series(CFG.patches_dir)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("patch", SERIES, ids=[p.number for p in SERIES])
-def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch):
+def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, request):
     monkeypatch.setenv(config.SKIP_PATCHES_ENV, patch.number)
     wheel = assemble.build_wheel(CFG, CFG.targets["cpu"], tmp_path / "wheel")
     unpacked = tmp_path / "site"
@@ -56,15 +57,16 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(unpacked), os.environ.get("PYTHONPATH")]))}
     env.pop(config.SKIP_PATCHES_ENV)
 
-    run, outcomes, selected, reruns = run_guards(
-        [str(REPO / "tests"),
-         "--ignore", str(REPO / "tests" / "necessity"),
-         # CUDA-only tests skip on the CPU build this harness makes (a module
-         # skip would count as "did not fail"); a GPU necessity run is
-         # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
-         "--ignore", str(REPO / "tests" / "gpu")],
-        REPO, patch.number, tmp_path, env,
-    )
+    # CUDA-only tests skip on the CPU build this harness makes (a module skip
+    # would count as "did not fail"); a GPU necessity run is
+    # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
+    excluded = (REPO / "tests" / "necessity", REPO / "tests" / "gpu")
+    # Only the files with guards when this session collected the whole suite.
+    paths = [f for f in guard_files(request.config, patch.number) or ()
+             if not any(Path(f).is_relative_to(d) for d in excluded)]
+    if not paths:
+        paths = [str(REPO / "tests")] + [arg for d in excluded for arg in ("--ignore", str(d))]
+    run, outcomes, selected, reruns = run_guards(paths, REPO, patch.number, tmp_path, env)
     guards = classify(selected, run, outcomes, reruns)
     result = verdict(patch.name, patch.number, run, guards, selected_known=selected is not None)
     print(result.message)

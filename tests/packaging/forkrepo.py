@@ -109,11 +109,25 @@ def run_tool(repo: ForkRepo, *args: str, env: dict | None = None) -> subprocess.
     )
 
 
+# A PEP 517 frontend's view of the repo: pyproject-hooks (what pip and build
+# use) reads [build-system] and runs the hook in a fresh process.
+_CALL_HOOK = """
+import sys
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
+from pyproject_hooks import BuildBackendHookCaller
+system = tomllib.load(open("pyproject.toml", "rb"))["build-system"]
+caller = BuildBackendHookCaller(".", system["build-backend"], backend_path=system.get("backend-path"))
+print(getattr(caller, sys.argv[1])(sys.argv[2]))
+"""
+
+
 def run_backend(repo: ForkRepo, hook: str, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Call a PEP 517 hook of the copied repo the way a frontend does: in a fresh process."""
+    """Call a PEP 517 hook of the copied repo through pyproject-hooks, as a frontend does."""
     out.mkdir(parents=True, exist_ok=True)
-    code = f"import setup, sys; print(setup.{hook}(sys.argv[1]))"
     return subprocess.run(
-        [sys.executable, "-c", code, str(out)], cwd=repo.root, capture_output=True, text=True,
+        [sys.executable, "-c", _CALL_HOOK, hook, str(out)], cwd=repo.root, capture_output=True, text=True,
         env={**os.environ, **(env or {})},
     )

@@ -31,6 +31,7 @@ def _installed_vllm_dir() -> Path:
     return Path(spec.stdout.strip()).parent
 
 
+@pytest.mark.installed_fork
 def test_installed_fork_is_this_checkout():
     try:
         version = importlib.metadata.version("vllm")
@@ -46,6 +47,7 @@ def test_installed_fork_is_this_checkout():
     assert info["base"]["sha256"] == CFG.targets["cpu"].sha256
 
 
+@pytest.mark.installed_fork
 def test_repo_overlay_never_shadows_the_installed_package():
     installed = _installed_vllm_dir()
     assert installed != REPO / "vllm", "the checkout's vllm/ shadowed the installed package"
@@ -53,6 +55,7 @@ def test_repo_overlay_never_shadows_the_installed_package():
     assert (installed / "_fork_provenance.json").is_file()
 
 
+@pytest.mark.installed_fork
 def test_vllm_cli_reports_the_fork_version():
     result = subprocess.run([str(Path(sys.executable).parent / "vllm"), "--version"], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
@@ -60,6 +63,7 @@ def test_vllm_cli_reports_the_fork_version():
     assert CFG.fork_version(CFG.targets["cpu"]) in result.stdout
 
 
+@pytest.mark.installed_fork
 def test_installed_files_match_the_record():
     dist = importlib.metadata.distribution("vllm")
     bad = [str(f) for f in dist.files if f.hash and f.hash.value != _b64(Path(dist.locate_file(f)).read_bytes())]

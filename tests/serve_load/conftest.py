@@ -1,8 +1,9 @@
 """One `vllm serve` (DFlash + fp8 KV cache, float32 model, tiny KV cache)
 for load, faults and shutdown; the target-only references are computed by
-an offline float32 engine before it starts (one engine at a time), so every
-output must be equal token for token (tests/support/lossless.py). Settings
-and workloads: tests/support/serve_load.py.
+an offline float32 engine when a test first needs them (a test that only
+needs the server, such as a necessity guard run alone, does not start it),
+and every output must be equal token for token (tests/support/lossless.py).
+Settings and workloads: tests/support/serve_load.py.
 
 The pair is the trained one (vllm.fork.tiny_pairs): its target is a random,
 confident model (no near-ties for float32 numerics to flip) and its drafter
@@ -43,7 +44,7 @@ def references(trained_pair, load_jobs):
 
 
 @pytest.fixture(scope="session")
-def server(references, trained_pair, tmp_path_factory):
+def server(trained_pair, tmp_path_factory):
     target, draft = trained_pair
     srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(draft)),
                      tmp_path_factory.mktemp("serve-load") / "server.log", env=sl.SERVER_ENV)

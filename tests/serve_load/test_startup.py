@@ -1,9 +1,14 @@
-"""An invalid --speculative-config makes `vllm serve` exit non-zero soon,
-with a message naming the problem, and leave no process behind."""
+"""A `vllm serve` that cannot start exits non-zero soon, with a message
+naming the problem, and leaves nothing behind: no process, no file in its
+temp directory (ZeroMQ ipc socket files included). An invalid
+--speculative-config is refused before any engine process starts; a drafter
+whose weights cannot be loaded fails inside the engine core, after the
+server, the engine core and its worker made their ipc endpoints."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -34,18 +39,44 @@ def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pai
     }[case]
     srv = VllmServer(target, sl.server_args(None) + ["--speculative-config", spec],
                      tmp_path / "server.log", env=sl.SERVER_ENV).spawn()
-    try:
-        code = srv.proc.wait(timeout=EXIT_BOUND_S)
-        leftovers = srv.leftovers()
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"vllm serve with speculative config {spec} still runs after "
-                    f"{EXIT_BOUND_S} s:\n{srv.log_tail()}")
-    finally:
-        srv.stop()
+    code, leftovers, temp_left = _wait_for_exit(srv)
     log = srv.log_tail(20000)
-    figures[f"invalid speculative config: {case}"] = {"exit_code": code}
+    figures[f"invalid speculative config: {case}"] = {"exit_code": code, "temp_files_left": len(temp_left)}
     print(f"\n[serve-load] --speculative-config {spec}: exit {code}")
     assert code != 0, log
     assert expected in log, log[-3000:]
     assert "SpeculativeConfig" in log or case == "not-json", log[-3000:]
     assert not leftovers, leftovers
+    assert not temp_left, f"left in the server's TMPDIR: {temp_left}"
+
+
+@pytest.mark.needs_patch("0013")
+def test_engine_start_up_failure_leaves_nothing_behind(partial_pair, tmp_path, figures):
+    if reason := vllm_dist_skip_reason():
+        pytest.skip(reason)
+    target, draft = partial_pair
+    broken = tmp_path / "draft-with-truncated-weights"
+    shutil.copytree(draft, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:64])
+    srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(str(broken))),
+                     tmp_path / "server.log", env=sl.SERVER_ENV).spawn()
+    code, leftovers, temp_left = _wait_for_exit(srv)
+    log = srv.log_tail(20000)
+    figures["engine start-up failure"] = {"exit_code": code, "temp_files_left": len(temp_left)}
+    assert code != 0, log
+    # The failure is the engine core's (after the ipc endpoints existed).
+    assert "Engine core initialization failed" in log, log[-3000:]
+    assert not leftovers, leftovers
+    assert not temp_left, f"left in the server's TMPDIR after a failed start-up: {temp_left}"
+
+
+def _wait_for_exit(srv: VllmServer) -> tuple[int, list, list[str]]:
+    """(exit code, processes left, files left in its TMPDIR) of a server that must exit."""
+    try:
+        code = srv.proc.wait(timeout=EXIT_BOUND_S)
+        return code, srv.leftovers(), srv.temp_files_left()
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"vllm serve still runs after {EXIT_BOUND_S} s:\n{srv.log_tail()}")
+    finally:
+        srv.stop()

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import uuid
@@ -30,6 +31,7 @@ SHM_DIR = Path("/dev/shm")
 # Every process a test server starts inherits this variable (with a value of
 # its own), so processes that outlive it are found even when re-parented.
 TAG_VAR = "VLLM_FORK_TEST_SERVER_TAG"
+TEST_PROCESS_ONLY = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
 
 
 def vllm_dist_skip_reason() -> str | None:
@@ -121,6 +123,12 @@ def unix_socket_files_of(procs: list[psutil.Process]) -> set[str]:
     return found
 
 
+def _default_inductor_cache() -> str:
+    import getpass
+
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
 class ServerExited(RuntimeError):
     pass
 
@@ -136,14 +144,27 @@ class VllmServer:
                                  "--port", str(self.port), *args]
         self.log_path = Path(log_path)
         self.tag = uuid.uuid4().hex
-        self.env = {**os.environ, **(env or {}), TAG_VAR: self.tag}
+        # Settings of the test process's own offline engines stay there: a
+        # server runs as `vllm serve` runs for users.
+        inherited = {k: v for k, v in os.environ.items() if k not in TEST_PROCESS_ONLY}
+        self.env = {**inherited, **(env or {}), TAG_VAR: self.tag}
         self.proc: subprocess.Popen | None = None
         self._logf = None
         self.start_s: float | None = None
+        self.tmpdir: Path | None = None
 
     # -- lifecycle ---------------------------------------------------------
     def spawn(self) -> "VllmServer":
-        print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path})")
+        # A temp directory of its own (TMPDIR, and so the base path of ZeroMQ's
+        # ipc:// endpoints): whatever the server leaves there after it stopped
+        # is its leftover. Short, as a unix socket path must fit in 107 bytes.
+        # torch's inductor cache (CPU kernels' precompiled headers, written in
+        # eager mode too) is a cache every run shares, not a leftover: it stays
+        # where it would be without the private TMPDIR.
+        self.env.setdefault("TORCHINDUCTOR_CACHE_DIR", _default_inductor_cache())
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="vllm-serve-"))
+        self.env.update(TMPDIR=str(self.tmpdir), VLLM_RPC_BASE_PATH=str(self.tmpdir))
+        print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
         self._logf = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
                                      env=self.env, start_new_session=True)
@@ -186,6 +207,31 @@ class VllmServer:
         """Processes this server started that are still alive."""
         return tagged_processes(self.tag)
 
+    def temp_files_left(self) -> list[str]:
+        """What is in the server's TMPDIR (relative paths); after it stopped,
+        what it left behind."""
+        if self.tmpdir is None:
+            return []
+        return sorted(p.relative_to(self.tmpdir).as_posix() for p in self.tmpdir.rglob("*"))
+
+    def signal(self, sig: int, group: bool = False, timeout: float = 60):
+        """Send sig to `vllm serve` (group: to its whole process group, as
+        Ctrl-C in a terminal does) and wait for it and every descendant it
+        had: (seconds, exit code, survivors)."""
+        tree = self.tree()
+        t0 = time.monotonic()
+        try:
+            (os.killpg if group else os.kill)(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        gone, alive = psutil.wait_procs(tree, timeout=timeout)
+        dt = time.monotonic() - t0
+        # psutil reaped the server already when it exited: keep its real code.
+        code = next((p.returncode for p in gone if p.pid == self.proc.pid), None)
+        if code is not None:
+            self.proc.returncode = code
+        return dt, self.proc.poll() if code is None else code, alive
+
     def tree(self) -> list[psutil.Process]:
         """The server process and all its descendants (alive now)."""
         try:
@@ -197,19 +243,7 @@ class VllmServer:
     def terminate(self, timeout: float) -> tuple[float, int | None, list[psutil.Process]]:
         """SIGTERM the server process (as a service manager would) and wait
         for it and every descendant it had: (seconds, exit code, survivors)."""
-        tree = self.tree()
-        t0 = time.monotonic()
-        try:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        gone, alive = psutil.wait_procs(tree, timeout=timeout)
-        dt = time.monotonic() - t0
-        # psutil reaped the server already when it exited: keep its real code.
-        code = next((p.returncode for p in gone if p.pid == self.proc.pid), None)
-        if code is not None:
-            self.proc.returncode = code
-        return dt, self.proc.poll() if code is None else code, alive
+        return self.signal(signal.SIGTERM, timeout=timeout)
 
     def stop(self, timeout: float = 30) -> None:
         """Graceful SIGTERM first (a SIGKILL would leak the engine's shared
@@ -235,6 +269,9 @@ class VllmServer:
         if self._logf is not None:
             self._logf.close()
             self._logf = None
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
 
     def __enter__(self) -> "VllmServer":
         return self.start()

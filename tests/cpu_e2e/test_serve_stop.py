@@ -1,0 +1,46 @@
+"""`vllm serve` stopped by SIGINT sent to its own process only (as `kill -INT
+PID` or a supervisor that signals one process does): every process it
+started exits and nothing is left in its temp directory. The other ways of
+stopping are checked where a server already runs: Ctrl-C (SIGINT to the
+process group) in test_serve.py, SIGTERM under load in
+tests/serve_load/test_shutdown.py, a failed start-up in
+tests/serve_load/test_startup.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+import dflash_e2e as e2e
+from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
+
+STOP_BOUND_S = 60
+
+
+def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, measurements):
+    if reason := vllm_dist_skip_reason():
+        pytest.skip(reason)
+    target, draft = partial_pair
+    srv = VllmServer(target, [
+        "--dtype", "bfloat16", "--max-model-len", str(e2e.MAX_MODEL_LEN), "--enforce-eager",
+        "--kv-cache-dtype", "fp8",
+        "--speculative-config", json.dumps(e2e.dflash_spec_config(draft)),
+    ], tmp_path / "server.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        try:
+            srv.start()
+        except (ServerExited, TimeoutError) as e:
+            pytest.fail(str(e))
+        processes = len(srv.tree())
+        seconds, code, survivors = srv.signal(signal.SIGINT, timeout=STOP_BOUND_S)
+        leftovers, temp_left = srv.leftovers(), srv.temp_files_left()
+    finally:
+        srv.stop()
+    measurements["vllm serve stopped by SIGINT to its own process"] = {
+        "processes": processes, "exit_code": code, "exit_s": round(seconds, 1),
+        "temp_files_left": len(temp_left)}
+    assert not survivors, f"still alive {STOP_BOUND_S} s after SIGINT: {survivors}\n{srv.log_tail()}"
+    assert not leftovers, leftovers
+    assert not temp_left, f"left in the server's TMPDIR: {temp_left}"

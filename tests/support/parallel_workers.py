@@ -1,0 +1,123 @@
+"""Running the suite on several pytest-xdist workers (``-n N --dist loadgroup``).
+
+Most of the suite's time is spent starting engines and servers, and much of
+that is single-threaded Python, so two workers on two cores finish in little
+more than half the time. What must stay together does:
+
+- every test of a file runs on one worker, in file order, so the engines a
+  file shares (dflash_e2e.start_llm reuses the live engine) start once;
+- tests/serve_load is one unit: its tests share one session server, and
+  test_shutdown.py ends that server after the others;
+- the necessity proofs are one unit per patch: each builds the fork without
+  its patch and runs that patch's guards in a subprocess, independent of the
+  rest, so they spread over the workers.
+
+vLLM's CPU worker binds its OpenMP threads to cores ("auto": all cores but
+one reserved); two engines started by two workers would both bind to the same
+core. Each xdist worker gives its engines a core of their own instead
+(VLLM_CPU_OMP_THREADS_BIND, unless the caller set it), or no binding when
+there are more workers than cores.
+
+Units are handed out longest first (serve_load, then the necessity proofs,
+then end-to-end files), so no worker is left with a long unit at the end.
+Figures a worker measured (the ``measured_section`` fixture) travel to the
+controller and are printed in its terminal summary.
+
+Without xdist (or with ``-n 0``) nothing here changes the run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# Longest units first; a file or directory not listed comes after them.
+UNIT_ORDER = ("serve_load", "necessity/test_patches_are_needed.py", "cpu_e2e", "gpu", "kernels")
+WHOLE_DIRECTORIES = ("serve_load",)
+ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
+MEASURED_KEY = "measured_sections"
+
+
+def _relative(item: pytest.Item) -> str:
+    try:
+        return Path(item.path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return Path(item.path).as_posix()
+
+
+def unit_of(item: pytest.Item) -> str:
+    rel = _relative(item)
+    top = rel.split("/", 1)[0]
+    if top in WHOLE_DIRECTORIES:
+        return top
+    if rel in ONE_UNIT_PER_TEST:
+        callspec = getattr(item, "callspec", None)
+        return f"{Path(rel).stem}-{callspec.id if callspec else item.name}"
+    return rel
+
+
+def _rank(item: pytest.Item) -> int:
+    rel = _relative(item)
+    for i, prefix in enumerate(UNIT_ORDER):
+        if rel == prefix or rel.startswith(prefix.rstrip("/") + "/"):
+            return i
+    return len(UNIT_ORDER)
+
+
+def bind_engines_to_this_workers_core() -> None:
+    """Call at import of the root conftest: in an xdist worker, before any engine starts."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    index = int(worker[2:])
+    if count <= len(cores):
+        share = len(cores) // count
+        mine = cores[index * share:(index + 1) * share]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+
+
+def distributed(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", 0))
+
+
+def group_and_order(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Call from a tryfirst pytest_collection_modifyitems: xdist's own hook
+    reads the xdist_group marks into the node ids it schedules by."""
+    if not distributed(config):
+        return
+    # A stable sort: file order and the order within a unit stay as collected.
+    items.sort(key=_rank)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(name=unit_of(item)))
+
+
+class MeasuredRelay:
+    """Measured figures: worker -> controller (registered only under xdist)."""
+
+    def __init__(self, stash_key):
+        self.stash_key = stash_key
+
+    @pytest.hookimpl(trylast=True)  # after the session fixtures wrote their lines
+    def pytest_sessionfinish(self, session):
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[MEASURED_KEY] = session.config.stash.get(self.stash_key, {})
+
+    def pytest_testnodedown(self, node, error):
+        sections = getattr(node, "workeroutput", {}).get(MEASURED_KEY, {})
+        mine = node.config.stash.setdefault(self.stash_key, {})
+        for title, lines in sections.items():
+            mine.setdefault(title, []).extend(lines)
+
+
+def register(config: pytest.Config, stash_key) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(MeasuredRelay(stash_key), "measured-relay")
