@@ -9,8 +9,13 @@ Functions that run inside the engine's worker process (via
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import cloudpickle
 import torch
@@ -24,7 +29,10 @@ os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc(fn)
 # tests run (tests/support/vllm_server.py does not pass this on).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-KV_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# Every KV format the CPU backend stores: "fp8_e4m3" is the format "fp8"
+# names (the kernel tests in tests/kernels run every spelling), so the
+# end-to-end engines, two per entry, skip that alias.
+KV_DTYPES = ["auto", "fp8", "fp8_e5m2"]
 NUM_SPEC_TOKENS = 3
 MAX_MODEL_LEN = 1024
 # Prompt + output cross the CPU default KV block size (128 tokens).
@@ -82,11 +90,44 @@ def start_llm(key, **kwargs):
     return llm
 
 
-def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, str]:
-    """A seeded tiny target + DFlash drafter pair (vllm.fork.tiny_pairs)."""
-    from vllm.fork.tiny_pairs import generate_pair
+PAIR_CACHE_ENV = "VLLM_FORK_TEST_PAIR_CACHE"
 
-    return generate_pair(tmp_path_factory.mktemp(name), acceptance, seed=0, **kw)
+
+def _pair_cache_root() -> Path:
+    if os.environ.get(PAIR_CACHE_ENV):
+        return Path(os.environ[PAIR_CACHE_ENV])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "vllm-fork" / "tiny-pairs"
+
+
+def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, str]:
+    """A seeded tiny target + DFlash drafter pair (vllm.fork.tiny_pairs),
+    generated once per content: the pair is a function of the generator's
+    source, torch's version and the arguments, so it is cached under a key of
+    those (VLLM_FORK_TEST_PAIR_CACHE, else ~/.cache/vllm-fork/tiny-pairs) and
+    shared by every process of a run -- the trained pair costs 10-30 s of
+    training on 2 cores, and the necessity proofs' subprocesses need it too.
+    Written into a temporary directory and renamed into place, so no process
+    ever sees half a pair. Tests must not write into it (copy it first)."""
+    import vllm.fork.tiny_pairs as tiny_pairs
+
+    spec = json.dumps({"acceptance": acceptance, "seed": 0, **kw}, sort_keys=True, default=str)
+    digest = hashlib.sha256(Path(tiny_pairs.__file__).read_bytes() + torch.__version__.encode()
+                            + spec.encode()).hexdigest()[:16]
+    root = _pair_cache_root()
+    final = root / f"{name}-{digest}"
+    if not (final / "target" / "config.json").is_file() or not (final / "draft" / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            tiny_pairs.generate_pair(partial, acceptance, seed=0, **kw)
+            os.replace(partial, final)
+        except OSError:
+            if not final.is_dir():  # not another process that won the race
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return str(final / "target"), str(final / "draft")
 
 
 def start_dflash_fp8(name: str, pair: tuple[str, str]):

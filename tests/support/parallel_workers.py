@@ -85,7 +85,10 @@ def bind_engines_to_this_workers_core() -> None:
 
 
 def distributed(config: pytest.Config) -> bool:
-    return config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", 0))
+    """Whether this process collects for xdist's loadgroup scheduling: xdist
+    workers collect (the controller does not), with --dist loadgroup turned
+    into option.loadgroup there."""
+    return bool(getattr(config.option, "loadgroup", False))
 
 
 def group_and_order(config: pytest.Config, items: list[pytest.Item]) -> None:
