@@ -63,6 +63,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "extended: a check too long for every commit (its own server start); tools/run_tests.sh "
+        "leaves it out unless -m names it (`-m extended`); CI runs it as a job of its own",
+    )
+    config.addinivalue_line(
+        "markers",
         "installed_fork: checks the fork wheel installed in this environment "
         "(tools/run_tests.sh installs it; a torch-free packaging run deselects these)",
     )

@@ -4,7 +4,8 @@ started exits and nothing is left in its temp directory. The other ways of
 stopping are checked where a server already runs: Ctrl-C (SIGINT to the
 process group) in test_serve.py, SIGTERM under load in
 tests/serve_load/test_shutdown.py, a failed start-up in
-tests/serve_load/test_startup.py."""
+tests/serve_load/test_startup.py. This one starts a server of its own, so it
+is `extended`: `bash tools/run_tests.sh -m extended` (a CI job of its own)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 STOP_BOUND_S = 60
 
 
+# A server start of its own for one more way of stopping: outside the
+# every-commit run (`tools/run_tests.sh -m extended`; a CI job of its own).
+@pytest.mark.extended
 def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, measurements):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)

@@ -19,7 +19,9 @@ core. Each xdist worker gives its engines a core of their own instead
 there are more workers than cores.
 
 Units are handed out longest first (serve_load, then the necessity proofs,
-then end-to-end files), so no worker is left with a long unit at the end.
+then end-to-end files), so no worker is left with a long unit at the end;
+that takes --no-loadscope-reorder (tools/run_tests.sh passes it), as xdist
+otherwise orders units by their number of tests.
 Figures a worker measured (the ``measured_section`` fixture) travel to the
 controller and are printed in its terminal summary.
 
@@ -102,6 +104,20 @@ def group_and_order(config: pytest.Config, items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(name=unit_of(item)))
 
 
+def check_groups_took_effect(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After xdist's own collection hook (GroupCheck). xdist schedules a
+    group by a suffix it adds to the node id; a pytest that ignores that
+    suffix (pytest 9 with xdist 3.8) would run a group's tests on several
+    workers (a session server per worker) without any error: stop instead."""
+    if not distributed(config):
+        return
+    ungrouped = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's test groups (e.g. {ungrouped[0]}); "
+            "install the versions tests/requirements.txt pins, or run with -n 0")
+
+
 class MeasuredRelay:
     """Measured figures: worker -> controller (registered only under xdist)."""
 
@@ -121,6 +137,13 @@ class MeasuredRelay:
             mine.setdefault(title, []).extend(lines)
 
 
+class GroupCheck:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        check_groups_took_effect(config, items)
+
+
 def register(config: pytest.Config, stash_key) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(MeasuredRelay(stash_key), "measured-relay")
+        config.pluginmanager.register(GroupCheck(), "xdist-group-check")

@@ -123,10 +123,13 @@ def unix_socket_files_of(procs: list[psutil.Process]) -> set[str]:
     return found
 
 
-def _default_inductor_cache() -> str:
+def _shared_inductor_cache() -> Path:
+    """torch's default inductor cache directory for this user (tempfile-based,
+    as torch._inductor.runtime.cache_dir_utils.default_cache_dir makes it)."""
     import getpass
+    import re
 
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
 
 
 class ServerExited(RuntimeError):
@@ -158,12 +161,14 @@ class VllmServer:
         # A temp directory of its own (TMPDIR, and so the base path of ZeroMQ's
         # ipc:// endpoints): whatever the server leaves there after it stopped
         # is its leftover. Short, as a unix socket path must fit in 107 bytes.
-        # torch's inductor cache (CPU kernels' precompiled headers, written in
-        # eager mode too) is a cache every run shares, not a leftover: it stays
-        # where it would be without the private TMPDIR.
-        self.env.setdefault("TORCHINDUCTOR_CACHE_DIR", _default_inductor_cache())
         self.tmpdir = Path(tempfile.mkdtemp(prefix="vllm-serve-"))
         self.env.update(TMPDIR=str(self.tmpdir), VLLM_RPC_BASE_PATH=str(self.tmpdir))
+        # torch keeps a per-user cache in the temp directory (the CPU kernels'
+        # precompiled header, built in eager mode too, seconds of g++): shared
+        # by every run, not a leftover. The server sees the real one.
+        shared = _shared_inductor_cache()
+        shared.mkdir(parents=True, exist_ok=True)
+        (self.tmpdir / shared.name).symlink_to(shared, target_is_directory=True)
         print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
         self._logf = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
@@ -212,7 +217,14 @@ class VllmServer:
         what it left behind."""
         if self.tmpdir is None:
             return []
-        return sorted(p.relative_to(self.tmpdir).as_posix() for p in self.tmpdir.rglob("*"))
+        left = []
+        for root, dirs, files in os.walk(self.tmpdir):  # the cache link is not followed
+            for name in dirs + files:
+                path = Path(root) / name
+                if path.parent == self.tmpdir and name == _shared_inductor_cache().name and path.is_symlink():
+                    continue
+                left.append(path.relative_to(self.tmpdir).as_posix())
+        return sorted(left)
 
     def signal(self, sig: int, group: bool = False, timeout: float = 60):
         """Send sig to `vllm serve` (group: to its whole process group, as
