@@ -9,6 +9,8 @@ Runs after the other tests of this directory (it ends the session server)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -23,8 +25,8 @@ LOAD_BEFORE_SIGTERM_TIMEOUT_S = 120
 
 
 # Requests still queued at SIGTERM are aborted before their first token; on
-# 0.21.0 their streams ended with [DONE] and no finish_reason (patch 0011).
-@pytest.mark.needs_patch("0011")
+# 0.21.0 their streams ended with [DONE] and no finish_reason (patch 0011,
+# whose necessity proof is the server-free test below).
 def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figures):
     srv = live_server
     tree = srv.tree()
@@ -92,3 +94,43 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
         assert o.completion_tokens in (None, len(o.token_ids)), (o.job.key, o.completion_tokens)
     for o in failed:
         assert o.error, o
+
+
+@pytest.mark.needs_patch("0011")
+def test_stream_of_a_request_aborted_before_its_first_token_has_its_finish_reason():
+    """No server: the completions stream generator fed what the engine gives
+    a request that SIGTERM aborted while still queued -- one finished output
+    with no token. Its stream must carry a choice with finish_reason "abort"
+    before the usage chunk and [DONE] (the chat generator has the same guard
+    and is checked through the real server above)."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.entrypoints.openai.engine.protocol import RequestResponseMetadata
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    # Only the attributes the generator reads; no engine behind it.
+    serving = object.__new__(OpenAIServingCompletion)
+    serving.enable_force_include_usage = False
+    serving.enable_prompt_tokens_details = False
+    serving.system_fingerprint = None
+    request = CompletionRequest(model="m", prompt="hello", max_tokens=8, stream=True,
+                                stream_options={"include_usage": True})
+    aborted = RequestOutput(
+        request_id="r", prompt="hello", prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
+        outputs=[CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None,
+                                  logprobs=None, finish_reason="abort")],
+        finished=True)
+
+    async def engine_outputs():
+        yield 0, aborted
+
+    async def stream():
+        return [chunk async for chunk in serving.completion_stream_generator(
+            request, [None], engine_outputs(), "r", 0, "m", 1, None,
+            RequestResponseMetadata(request_id="r"))]
+
+    chunks = asyncio.run(stream())
+    events = [json.loads(c[len("data: "):]) for c in chunks if c.startswith("data: {")]
+    reasons = [choice.get("finish_reason") for e in events for choice in e.get("choices", [])]
+    assert reasons == ["abort"], chunks
+    assert chunks[-1] == "data: [DONE]\n\n", chunks
