@@ -18,8 +18,9 @@ core. Each xdist worker gives its engines a core of their own instead
 (VLLM_CPU_OMP_THREADS_BIND, unless the caller set it), or no binding when
 there are more workers than cores.
 
-Units are handed out longest first (serve_load, then the necessity proofs,
-then end-to-end files), so no worker is left with a long unit at the end;
+Units are handed out longest first (serve_load, the KV-dtype engines of
+cpu_e2e, the necessity proofs, then the other files; measured on 2 cores),
+so no worker is left with a long unit at the end;
 that takes --no-loadscope-reorder (tools/run_tests.sh passes it), as xdist
 otherwise orders units by their number of tests.
 Figures a worker measured (the ``measured_section`` fixture) travel to the
@@ -38,7 +39,8 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 
 # Longest units first; a file or directory not listed comes after them.
-UNIT_ORDER = ("serve_load", "necessity/test_patches_are_needed.py", "cpu_e2e", "gpu", "kernels")
+UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "necessity/test_patches_are_needed.py",
+              "kernels/test_triton_noncausal_attention.py", "cpu_e2e", "gpu", "kernels")
 WHOLE_DIRECTORIES = ("serve_load",)
 ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
 MEASURED_KEY = "measured_sections"
