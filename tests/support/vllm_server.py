@@ -217,11 +217,12 @@ class VllmServer:
         what it left behind."""
         if self.tmpdir is None:
             return []
+        cache_link = self.tmpdir / _shared_inductor_cache().name
         left = []
         for root, dirs, files in os.walk(self.tmpdir):  # the cache link is not followed
             for name in dirs + files:
                 path = Path(root) / name
-                if path.parent == self.tmpdir and name == _shared_inductor_cache().name and path.is_symlink():
+                if path == cache_link and path.is_symlink():
                     continue
                 left.append(path.relative_to(self.tmpdir).as_posix())
         return sorted(left)
