@@ -115,10 +115,7 @@ NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0004", "0005", "0012")
 
 
 def _in_no_avx512_pass(item) -> bool:
-    try:
-        rel = Path(item.path).resolve().relative_to(Path(__file__).resolve().parent).as_posix()
-    except ValueError:  # a test outside tests/
-        return False
+    rel = parallel_workers.relative_path(item)
     if rel in NO_AVX512_PASS_FILES:
         return True
     callspec = getattr(item, "callspec", None)

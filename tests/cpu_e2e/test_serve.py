@@ -37,12 +37,7 @@ def offline(partial_pair):
 @pytest.fixture(scope="module")
 def server(offline, partial_pair, tmp_path_factory):
     target, draft = partial_pair
-    srv = VllmServer(target, [
-        "--dtype", "bfloat16", "--max-model-len", str(e2e.MAX_MODEL_LEN),
-        "--enforce-eager", "--seed", "0",
-        "--kv-cache-dtype", "fp8",
-        "--speculative-config", json.dumps(e2e.dflash_spec_config(draft)),
-    ], tmp_path_factory.mktemp("serve") / "server.log")
+    srv = VllmServer(target, e2e.dflash_fp8_serve_args(draft), tmp_path_factory.mktemp("serve") / "server.log")
     try:
         srv.start()
     except Exception as e:

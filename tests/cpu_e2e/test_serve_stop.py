@@ -9,7 +9,6 @@ is `extended`: `bash tools/run_tests.sh -m extended` (a CI job of its own)."""
 
 from __future__ import annotations
 
-import json
 import signal
 
 import pytest
@@ -27,11 +26,8 @@ def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, meas
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, draft = partial_pair
-    srv = VllmServer(target, [
-        "--dtype", "bfloat16", "--max-model-len", str(e2e.MAX_MODEL_LEN), "--enforce-eager",
-        "--kv-cache-dtype", "fp8",
-        "--speculative-config", json.dumps(e2e.dflash_spec_config(draft)),
-    ], tmp_path / "server.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    srv = VllmServer(target, e2e.dflash_fp8_serve_args(draft), tmp_path / "server.log",
+                     env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
         try:
             srv.start()

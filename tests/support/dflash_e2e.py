@@ -100,7 +100,7 @@ def _pair_cache_root() -> Path:
     return Path(xdg) / "vllm-fork" / "tiny-pairs"
 
 
-def make_pair(tmp_path_factory, name: str, acceptance: str, **kw) -> tuple[str, str]:
+def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
     """A seeded tiny target + DFlash drafter pair (vllm.fork.tiny_pairs),
     generated once per content: the pair is a function of the generator's
     source, torch's version and the arguments, so it is cached under a key of
@@ -139,6 +139,13 @@ def start_dflash_fp8(name: str, pair: tuple[str, str]):
         kv_cache_dtype="fp8",
         speculative_config=dflash_spec_config(draft),
     )
+
+
+def dflash_fp8_serve_args(draft_dir: str) -> list[str]:
+    """`vllm serve` arguments for the cpu_e2e servers: bf16, DFlash, fp8 KV."""
+    return ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+            "--seed", "0", "--kv-cache-dtype", "fp8",
+            "--speculative-config", json.dumps(dflash_spec_config(draft_dir))]
 
 
 def dflash_spec_config(draft_dir: str, **extra) -> dict:

@@ -7,35 +7,35 @@ from __future__ import annotations
 import pytest
 
 
-def _make_pair(tmp_path_factory, name: str, acceptance: str, **kw):
+def _make_pair(name: str, acceptance: str, **kw):
     # Imported here, not at the top: this plugin loads for every directory,
     # and tests/packaging must run without torch installed.
     import dflash_e2e as e2e
 
-    return e2e.make_pair(tmp_path_factory, name, acceptance, **kw)
+    return e2e.make_pair(name, acceptance, **kw)
 
 
 @pytest.fixture(scope="session")
-def partial_pair(tmp_path_factory):
-    return _make_pair(tmp_path_factory, "partial", "partial")
+def partial_pair():
+    return _make_pair("partial", "partial")
 
 
 @pytest.fixture(scope="session")
-def random_pair(tmp_path_factory):
-    return _make_pair(tmp_path_factory, "none", "none")
+def random_pair():
+    return _make_pair("none", "none")
 
 
 @pytest.fixture(scope="session")
-def full_pair(tmp_path_factory):
-    return _make_pair(tmp_path_factory, "full", "full")
+def full_pair():
+    return _make_pair("full", "full")
 
 
 @pytest.fixture(scope="session")
-def trained_pair(tmp_path_factory):
+def trained_pair():
     """A drafter trained against its target (10-30 s on 2 idle cores)."""
-    return _make_pair(tmp_path_factory, "trained", "trained")
+    return _make_pair("trained", "trained")
 
 
 @pytest.fixture(scope="session")
-def kv_scales_pair(tmp_path_factory):
-    return _make_pair(tmp_path_factory, "kvscales", "partial", draft_kv_scales=(0.5, 0.25))
+def kv_scales_pair():
+    return _make_pair("kvscales", "partial", draft_kv_scales=(0.5, 0.25))
