@@ -50,7 +50,7 @@ print(max(1, min(cpus, int(mem_gib // 8), 4)))
 PY
 }
 WORKERS=$(workers)
-# --no-loadscope-reorder: hand units out in the order tests/conftest.py put
+# --no-loadscope-reorder: hand units out in the order tests/support/parallel_workers.py puts
 # them (longest first), not by their number of tests.
 PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 if [ "$WORKERS" = 0 ]; then PARALLEL=(); fi
