@@ -6,6 +6,7 @@
 # build's own VLLM_FORK_BASE_WHEEL / VLLM_FORK_OFFLINE for offline machines.
 # VLLM_FORK_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages,
 # so an image's own torch (e.g. a CUDA build on an offline GPU box) is used.
+# VLLM_FORK_INSTALLER=uv|pip|auto (default auto: uv unless offline) installs the wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,9 +41,38 @@ WHEEL=$(ls "$OUT"/vllm-*.whl)
 
 REQS=()
 for file in "$@"; do REQS+=(-r "$file"); done
-step "installing $(basename "$WHEEL") with its dependencies (first run downloads torch, ~2 GB)"
-"${PIP[@]}" install -q "$WHEEL" "${REQS[@]}"
-# An equal version string does not reinstall: make sure this very build is what runs.
-"${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL"
+# uv fetches and unpacks the ~3 GB of torch and CUDA-library wheels in parallel
+# and links them from its cache on later runs (pip: one at a time, copied each
+# time). pip remains for machines set up through pip's own settings (an offline
+# box's PIP_NO_INDEX/PIP_FIND_LINKS, which uv does not read) or without uv.
+CHOICE=${VLLM_FORK_INSTALLER:-auto}
+get_uv() { "$VENV/bin/python" -m uv --version >/dev/null 2>&1 || "${PIP[@]}" install -q "uv>=0.5"; }
+# install_with uv|pip: the wheel with its dependencies, then this very build
+# again (an equal version string does not reinstall).
+install_with() {
+  case "$1" in
+    uv)
+      local UV=("$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python")
+      "${UV[@]}" "$WHEEL" "${REQS[@]}" && "${UV[@]}" --no-deps --reinstall "$WHEEL" ;;
+    pip)
+      "${PIP[@]}" install -q "$WHEEL" "${REQS[@]}" && "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL" ;;
+  esac
+}
+case "$CHOICE" in
+  auto)
+    INSTALLER=pip
+    if [ -z "${PIP_NO_INDEX:-}" ] && [ "${VLLM_FORK_OFFLINE:-0}" != 1 ] && get_uv >/dev/null 2>&1; then
+      INSTALLER=uv
+    fi ;;
+  uv) get_uv; INSTALLER=uv ;;
+  pip) INSTALLER=pip ;;
+  *) echo "VLLM_FORK_INSTALLER=$CHOICE: use uv, pip or auto" >&2; exit 2 ;;
+esac
+step "installing $(basename "$WHEEL") with its dependencies by $INSTALLER (first run downloads torch, ~3 GB)"
+if ! install_with "$INSTALLER"; then
+  if [ "$CHOICE" != auto ] || [ "$INSTALLER" = pip ]; then exit 1; fi
+  step "uv could not install it; trying pip (VLLM_FORK_INSTALLER=pip skips uv)"
+  install_with pip
+fi
 "$VENV/bin/python" -m vllm.fork.info >&2
 echo "$WHEEL"
