@@ -31,6 +31,29 @@ def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     assert mal == e2e.NUM_SPEC_TOKENS + 1
 
 
+def test_stop_string_inside_an_accepted_block_ends_the_output_there(full_pair):
+    """The full pair accepts every draft, so each step brings
+    NUM_SPEC_TOKENS + 1 tokens "a": a stop string "aaa" completes inside such
+    a block. Without speculation the output is the three tokens that complete
+    it (text empty, the stop string excluded); with DFlash it must be too --
+    token ids, logprobs, finish and stop reason -- not the whole block.
+    Reuses the full pair's engine."""
+    from vllm import SamplingParams
+    from vllm.fork.tiny_pairs import FULL_TOKEN
+
+    llm = e2e.start_dflash_fp8("dflash-full", full_pair)
+    stop = chr(FULL_TOKEN) * 3
+    params = [SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], logprobs=0,
+                             include_stop_str_in_output=include)
+              for include in (False, True)]
+    excluded, included = (llm.generate([e2e.PROMPTS[0]], p, use_tqdm=False)[0].outputs[0]
+                          for p in params)
+    for out, text in ((excluded, ""), (included, stop)):
+        assert list(out.token_ids) == [FULL_TOKEN] * 3, out
+        assert len(out.logprobs) == 3, out.logprobs
+        assert (out.text, out.finish_reason, out.stop_reason) == (text, "stop", stop), out
+
+
 @pytest.mark.needs_patch("0003")
 def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     """CPU GEMM dispatch may repack a linear layer's weight and leave

@@ -1,0 +1,116 @@
+"""Speculative decoding changes only the speed: the OpenAI API's request
+contracts hold with DFlash (and an fp8 KV cache) as they do without it.
+
+Driven by the official `openai` client against the suite's DFlash server; the
+expectations come from the target-only greedy references (float32: exact).
+The prompts are the trained pair's training prompts, whose continuations the
+drafter drafts nearly token for token: most steps accept several tokens, so a
+stop string completes inside an accepted block.
+
+A stop string is taken from each reference continuation: its first two
+printable ASCII characters in a row after the first few tokens. The expected
+response is what the frontend makes of the reference tokens coming one per
+step, as they do without speculation (tests/support/stepwise_outputs.py):
+the output ends with the token that completes the stop string's first
+occurrence.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import serve_load as sl
+from stepwise_outputs import final_output, generate_in_steps
+
+FIRST_STOP_POSITION = 4  # leave the prefill's token and the first drafts alone
+MIN_CASES = 3
+
+
+def _stop_case(tokenizer, prompt: list[int], ref_ids: list[int]) -> dict | None:
+    """The case's stop string and the response expected without speculation."""
+    from vllm.sampling_params import RequestOutputKind
+
+    def printable(t: int) -> bool:
+        return 33 <= t <= 126
+
+    for p in range(FIRST_STOP_POSITION, len(ref_ids) - 1):
+        if printable(ref_ids[p]) and printable(ref_ids[p + 1]):
+            stop = chr(ref_ids[p]) + chr(ref_ids[p + 1])
+            want = final_output(generate_in_steps(tokenizer, prompt, ref_ids, 1,
+                                                  RequestOutputKind.FINAL_ONLY, stop=[stop]))
+            return {"stop": stop, "token_ids": want["token_ids"], "text": want["text"],
+                    "finish_reason": want["finish_reason"], "stop_reason": want["stop_reason"]}
+    return None
+
+
+@pytest.fixture(scope="module")
+def stop_cases(trained_pair, load_jobs, references):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(trained_pair[0])
+    cases = []
+    for job in load_jobs:
+        if not job.key.startswith("trained-"):
+            continue
+        case = _stop_case(tokenizer, list(job.prompt), references[job.key]["token_ids"])
+        if case is not None:
+            cases.append({"job": job, **case})
+    assert len(cases) >= MIN_CASES, (
+        f"only {len(cases)} trained-prompt references have a usable stop string")
+    return cases
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _complete(client, model: str, case: dict, stream: bool) -> dict:
+    """One /v1/completions request with the case's stop string; what the
+    response says, streamed responses joined."""
+    kwargs = dict(model=model, prompt=list(case["job"].prompt), max_tokens=sl.LOAD_MAX_TOKENS,
+                  temperature=0.0, stop=[case["stop"]], logprobs=1,
+                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    if not stream:
+        r = client.completions.create(**kwargs)
+        choice = r.choices[0]
+        return {"text": choice.text, "token_ids": list(choice.model_extra["token_ids"]),
+                "logprobs": len(choice.logprobs.tokens), "finish_reason": choice.finish_reason,
+                "stop_reason": choice.model_extra.get("stop_reason"),
+                "completion_tokens": r.usage.completion_tokens}
+    got = {"text": "", "token_ids": [], "logprobs": 0, "finish_reason": None,
+           "stop_reason": None, "completion_tokens": None}
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True},
+                                           **kwargs):
+        if chunk.usage is not None:
+            got["completion_tokens"] = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            got["text"] += choice.text
+            got["token_ids"] += list((choice.model_extra or {}).get("token_ids") or [])
+            got["logprobs"] += len(choice.logprobs.tokens) if choice.logprobs else 0
+            if choice.finish_reason is not None:
+                got["finish_reason"] = choice.finish_reason
+                got["stop_reason"] = (choice.model_extra or {}).get("stop_reason")
+    return got
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculation(
+        live_server, stop_cases, client, stream, figures):
+    before = live_server.metrics()
+    wrong = []
+    for case in stop_cases:
+        got = _complete(client, live_server.model, case, stream)
+        want = {"text": case["text"], "token_ids": case["token_ids"],
+                "logprobs": len(case["token_ids"]), "finish_reason": case["finish_reason"],
+                "stop_reason": case["stop_reason"], "completion_tokens": len(case["token_ids"])}
+        if got != want:
+            wrong.append((case["job"].key, case["stop"],
+                          {k: (got[k], want[k]) for k in want if got[k] != want[k]}))
+    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    figures[f"stop strings ({'stream' if stream else 'plain'})"] = {
+        "cases": len(stop_cases), "wrong": len(wrong), "accepted_draft_tokens": accepted}
+    assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
+    assert not wrong, "(job, stop, {field: (got, want)}): " + repr(wrong)
