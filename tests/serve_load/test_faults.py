@@ -6,6 +6,7 @@ float32, tests/support/lossless.py)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -168,6 +169,22 @@ def test_max_tokens_below_one_is_a_400(live_server, references, max_tokens, api,
     status, text = srv.post(job.path, job.body(srv.model))
     assert status == 400, text[:500]
     assert f"max_tokens must be at least 1, got {max_tokens}" in _error(status, text)["message"]
+    sl.assert_still_serving(srv, references)
+
+
+# JSON as the server reads it allows NaN and Infinity literals (json.dumps
+# writes them); the server-free check is tests/engine/test_non_finite_sampling_parameters.py.
+@pytest.mark.parametrize("name, value", [("temperature", math.nan), ("temperature", math.inf),
+                                         ("repetition_penalty", math.nan)])
+@pytest.mark.parametrize("api, stream", [("completions", False), ("chat", True)])
+def test_non_finite_sampling_parameter_is_a_400(live_server, references, name, value, api,
+                                                stream):
+    srv = live_server
+    job = sl.Job("non-finite", api, stream, prompt=tuple(b"hello"),
+                 messages=(("user", "hello"),), max_tokens=4)
+    status, text = srv.post(job.path, json.dumps({**job.body(srv.model), name: value}).encode())
+    assert status == 400, text[:500]
+    assert f"{name} must be a finite number" in _error(status, text)["message"]
     sl.assert_still_serving(srv, references)
 
 
