@@ -25,7 +25,8 @@ def _spec(draft: str, **override) -> str:
     return json.dumps({**e2e.dflash_spec_config(draft), **override})
 
 
-@pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft"])
+@pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft",
+                                  "target-as-draft"])
 def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pair, tmp_path, figures):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
@@ -36,6 +37,8 @@ def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pai
         "negative-tokens": (_spec(draft, num_speculative_tokens=-1), "greater than 0"),
         "missing-draft": (_spec(draft, model=str(tmp_path / "no-such-draft")),
                           "Invalid repository ID or local directory"),
+        # tests/engine/test_dflash_config_errors.py has the other DFlash config mistakes.
+        "target-as-draft": (_spec(draft, model=target), "is not a DFlash drafter"),
     }[case]
     srv = VllmServer(target, sl.server_args(None) + ["--speculative-config", spec],
                      tmp_path / "server.log", env=sl.SERVER_ENV).spawn()
