@@ -38,7 +38,8 @@ trap report_stages EXIT
 WHEEL=$(bash tools/install_fork.sh cpu tests/requirements.txt)
 export VLLM_FORK_WHEEL=$WHEEL
 stage_done "install (venv, fork wheel, test requirements)" ok
-PYTEST=("$VENV/bin/python" -m pytest -ra)
+# --durations: the slowest tests (with xdist, a unit's engine start shows on its first test).
+PYTEST=("$VENV/bin/python" -m pytest -ra --durations=15)
 
 workers() {
   if [ -n "${VLLM_FORK_TEST_WORKERS:-}" ]; then echo "$VLLM_FORK_TEST_WORKERS"; return; fi
