@@ -208,9 +208,15 @@ class VllmServer:
             raise
         return self
 
-    def leftovers(self) -> list[psutil.Process]:
-        """Processes this server started that are still alive."""
-        return tagged_processes(self.tag)
+    def leftovers(self, grace_s: float = 0.0) -> list[psutil.Process]:
+        """Processes this server started that are still alive ``grace_s``
+        seconds from now at the latest (a child started just before the
+        server gave up may need a moment to notice its parent is gone)."""
+        alive = tagged_processes(self.tag)
+        if alive and grace_s > 0:
+            _gone, alive = psutil.wait_procs(alive, timeout=grace_s)
+            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        return alive
 
     def temp_files_left(self) -> list[str]:
         """What is in the server's TMPDIR (relative paths); after it stopped,
