@@ -86,6 +86,14 @@ async def _collect(llm, request):
                                               request.request_id)]
 
 
+async def _request_sent_to_the_engine(llm, request_id: str) -> asyncio.Future:
+    """Start generate() for a request and return once the engine core has it."""
+    task = asyncio.ensure_future(_collect(llm, _request(request_id)))
+    while not llm.engine_core.added:
+        await asyncio.sleep(0.01)
+    return task
+
+
 def _shutdown_from_another_thread(llm) -> None:
     """As the API server does: AsyncLLM.shutdown runs in an executor thread."""
     t = threading.Thread(target=llm.shutdown)
@@ -99,9 +107,7 @@ def test_request_waiting_for_output_is_aborted_when_the_engine_shuts_down():
     llm = _async_llm(_StoppedEngineCore())
 
     async def scenario():
-        task = asyncio.ensure_future(_collect(llm, _request("waiting")))
-        while not llm.engine_core.added:
-            await asyncio.sleep(0.01)
+        task = await _request_sent_to_the_engine(llm, "waiting")
         await asyncio.get_running_loop().run_in_executor(None, _shutdown_from_another_thread, llm)
         done, _ = await asyncio.wait({task}, timeout=HANG_S)
         assert done, (f"a request in flight at shutdown still waits for output {HANG_S:.0f} s "
@@ -150,9 +156,7 @@ def test_request_after_shutdown_fails_at_once():
     llm = _async_llm(_StoppedEngineCore())
 
     async def scenario():
-        first = asyncio.ensure_future(_collect(llm, _request("first")))
-        while not llm.engine_core.added:
-            await asyncio.sleep(0.01)
+        first = await _request_sent_to_the_engine(llm, "first")
         llm.output_handler.cancel()
         await asyncio.wait({first}, timeout=HANG_S)
         with pytest.raises(EngineDeadError):
