@@ -136,6 +136,10 @@ class ServerExited(RuntimeError):
     pass
 
 
+PORT_TAKEN = "Address already in use"
+PORT_ATTEMPTS = 3
+
+
 class VllmServer:
     """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
 
@@ -199,13 +203,34 @@ class VllmServer:
         print(f"[serve] healthy after {self.start_s:.1f} s")
         return self.start_s
 
+    def port_was_taken(self) -> bool:
+        """The server died because another process bound its port between
+        free_port() and the server's own bind (two workers start processes)."""
+        return self.proc is not None and self.proc.poll() not in (None, 0) \
+            and PORT_TAKEN in self.log_tail(20000)
+
+    def respawn_on_a_new_port(self) -> "VllmServer":
+        self.stop()
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+        return self.spawn()
+
     def start(self, timeout: float = START_TIMEOUT_S) -> "VllmServer":
         self.spawn()
-        try:
-            self.wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except ServerExited:
+                if attempt + 1 < PORT_ATTEMPTS and self.port_was_taken():
+                    self.respawn_on_a_new_port()
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def leftovers(self, grace_s: float = 0.0) -> list[psutil.Process]:
