@@ -52,7 +52,11 @@ get_uv() { "$VENV/bin/python" -m uv --version >/dev/null 2>&1 || "${PIP[@]}" ins
 install_with() {
   case "$1" in
     uv)
-      local UV=("$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python")
+      # --compile-bytecode: write the .pyc files as pip does. Without them, on a
+      # machine with PYTHONDONTWRITEBYTECODE=1 (or a read-only venv) every
+      # process compiles what it imports again: `from vllm import LLM` took
+      # 21 s instead of 8 s, in every engine worker, server and test process.
+      local UV=("$VENV/bin/python" -m uv pip install -q --compile-bytecode --python "$VENV/bin/python")
       "${UV[@]}" "$WHEEL" "${REQS[@]}" && "${UV[@]}" --no-deps --reinstall "$WHEEL" ;;
     pip)
       "${PIP[@]}" install -q "$WHEEL" "${REQS[@]}" && "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL" ;;

@@ -27,6 +27,7 @@ build in test_guard_verdict.py).
 
 from __future__ import annotations
 
+import compileall
 import os
 import sys
 import zipfile
@@ -54,6 +55,11 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, reque
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)
+    # Compiled once here (2 s), as an installer would: with
+    # PYTHONDONTWRITEBYTECODE=1 in the environment, the pytest subprocess and
+    # every engine process it starts would otherwise compile vllm's modules
+    # again on each import.
+    assert compileall.compile_dir(unpacked, quiet=1, workers=0), f"compiling {unpacked} failed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(unpacked), os.environ.get("PYTHONPATH")]))}
     env.pop(config.SKIP_PATCHES_ENV)
 
