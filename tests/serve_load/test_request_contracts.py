@@ -7,6 +7,11 @@ The prompts are the trained pair's training prompts, whose continuations the
 drafter drafts nearly token for token: most steps accept several tokens, so a
 stop string completes inside an accepted block.
 
+Seeded sampling: the same seed gives the same output with DFlash, alone, next
+to copies of itself and next to unseeded requests. It need not equal the
+target-only output for that seed (the accepted tokens follow the target's
+distribution, but speculation draws its random numbers in another order).
+
 A stop string is taken from each reference continuation: its first two
 printable ASCII characters in a row after the first few tokens. The expected
 response is what the frontend makes of the reference tokens coming one per
@@ -16,6 +21,8 @@ occurrence.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -114,3 +121,34 @@ def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculatio
         "cases": len(stop_cases), "wrong": len(wrong), "accepted_draft_tokens": accepted}
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert not wrong, "(job, stop, {field: (got, want)}): " + repr(wrong)
+
+
+SEED = 42
+TEMPERATURE = 0.9
+
+
+def _sampled_token_ids(client, model: str, prompt: list[int], seed: int | None) -> tuple[int, ...]:
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=sl.LOAD_MAX_TOKENS,
+                                  temperature=TEMPERATURE, seed=seed,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    return tuple(r.choices[0].model_extra["token_ids"])
+
+
+def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server, load_jobs, client, figures):
+    prompt = list(next(job for job in load_jobs if job.key.startswith("trained-")).prompt)
+    before = live_server.metrics()
+    alone = [_sampled_token_ids(client, live_server.model, prompt, SEED) for _ in range(2)]
+    # Three copies of the seeded request and three unseeded ones, all at once.
+    seeds = [SEED, None, SEED, None, SEED, None]
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        together = list(pool.map(lambda s: _sampled_token_ids(client, live_server.model, prompt, s), seeds))
+    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    seeded = alone + [ids for ids, s in zip(together, seeds) if s is not None]
+    unseeded = [ids for ids, s in zip(together, seeds) if s is None]
+    figures["seeded sampling"] = {
+        "seeded_requests": len(seeded), "distinct_seeded_outputs": len(set(seeded)),
+        "distinct_unseeded_outputs": len(set(unseeded)), "accepted_draft_tokens": accepted}
+    assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
+    assert len(set(seeded)) == 1, f"seed {SEED} gave {len(set(seeded))} different outputs: {seeded}"
+    # The requests really sample: without a seed, three requests do not all repeat the seeded one.
+    assert any(ids != seeded[0] for ids in unseeded), unseeded
