@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import dflash_e2e as e2e
 import serve_load as sl
 from stepwise_outputs import final_output, generate_in_steps
 
@@ -152,3 +153,43 @@ def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server
     assert len(set(seeded)) == 1, f"seed {SEED} gave {len(set(seeded))} different outputs: {seeded}"
     # The requests really sample: without a seed, three requests do not all repeat the seeded one.
     assert any(ids != seeded[0] for ids in unseeded), unseeded
+
+
+# Around one speculative step: fewer tokens than a step drafts, exactly a
+# step's worth, and past it.
+MAX_TOKENS_CASES = range(1, e2e.NUM_SPEC_TOKENS + 3)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, load_jobs, references,
+                                                              client, stream, figures):
+    """max_tokens 1 .. k+2: exactly that many tokens, the target-only greedy
+    prefix (float32: exact), finish_reason "length", usage to match."""
+    job = next(job for job in load_jobs if job.key.startswith("trained-"))
+    ref = references[job.key]["token_ids"]
+    before = live_server.metrics()
+    wrong = []
+    for max_tokens in MAX_TOKENS_CASES:
+        kwargs = dict(model=live_server.model, prompt=list(job.prompt), max_tokens=max_tokens,
+                      temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+        if stream:
+            ids, finish, usage = [], None, None
+            for chunk in client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                   **kwargs):
+                usage = chunk.usage.completion_tokens if chunk.usage is not None else usage
+                for choice in chunk.choices:
+                    ids += list((choice.model_extra or {}).get("token_ids") or [])
+                    finish = choice.finish_reason or finish
+        else:
+            r = client.completions.create(**kwargs)
+            ids = list(r.choices[0].model_extra["token_ids"])
+            finish, usage = r.choices[0].finish_reason, r.usage.completion_tokens
+        got = (ids, finish, usage)
+        want = (ref[:max_tokens], "length", max_tokens)
+        if got != want:
+            wrong.append((max_tokens, got, want))
+    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    figures[f"max_tokens 1..{MAX_TOKENS_CASES[-1]} ({'stream' if stream else 'plain'})"] = {
+        "cases": len(MAX_TOKENS_CASES), "wrong": len(wrong), "accepted_draft_tokens": accepted}
+    assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
+    assert not wrong, "(max_tokens, (ids, finish_reason, completion_tokens) got, want): " + repr(wrong)
