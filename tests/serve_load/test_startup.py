@@ -15,7 +15,7 @@ import pytest
 
 import dflash_e2e as e2e
 import serve_load as sl
-from vllm_server import PORT_ATTEMPTS, VllmServer, vllm_dist_skip_reason
+from vllm_server import VllmServer, vllm_dist_skip_reason
 
 # A hang detector: a refused config takes ~10-15 s (the CLI's imports).
 EXIT_BOUND_S = 180
@@ -83,11 +83,7 @@ def test_engine_start_up_failure_leaves_nothing_behind(partial_pair, tmp_path, f
 def _wait_for_exit(srv: VllmServer) -> tuple[int, list, list[str]]:
     """(exit code, processes left, files left in its TMPDIR) of a server that must exit."""
     try:
-        code = srv.proc.wait(timeout=EXIT_BOUND_S)
-        for _ in range(PORT_ATTEMPTS - 1):
-            if not srv.port_was_taken():
-                break
-            code = srv.respawn_on_a_new_port().proc.wait(timeout=EXIT_BOUND_S)
+        code = srv.wait_exit(EXIT_BOUND_S)
         return code, srv.leftovers(grace_s=CHILD_EXIT_GRACE_S), srv.temp_files_left()
     except subprocess.TimeoutExpired:
         pytest.fail(f"vllm serve still runs after {EXIT_BOUND_S} s:\n{srv.log_tail()}")

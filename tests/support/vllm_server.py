@@ -140,6 +140,14 @@ PORT_TAKEN = "Address already in use"
 PORT_ATTEMPTS = 3
 
 
+def _still_running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie; a process that exits while being asked is not."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class VllmServer:
     """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
 
@@ -233,6 +241,18 @@ class VllmServer:
                 raise
         return self
 
+    def wait_exit(self, timeout: float) -> int:
+        """The exit code of a server expected to exit on its own; one that
+        exited because another process took its port first is started again
+        on a new port (at most PORT_ATTEMPTS starts in all), as start() does.
+        Raises subprocess.TimeoutExpired if a start runs past ``timeout``."""
+        code = self.proc.wait(timeout=timeout)
+        for _ in range(PORT_ATTEMPTS - 1):
+            if not self.port_was_taken():
+                break
+            code = self.respawn_on_a_new_port().proc.wait(timeout=timeout)
+        return code
+
     def leftovers(self, grace_s: float = 0.0) -> list[psutil.Process]:
         """Processes this server started that are still alive ``grace_s``
         seconds from now at the latest (a child started just before the
@@ -240,7 +260,7 @@ class VllmServer:
         alive = tagged_processes(self.tag)
         if alive and grace_s > 0:
             _gone, alive = psutil.wait_procs(alive, timeout=grace_s)
-            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in alive if _still_running(p)]
         return alive
 
     def temp_files_left(self) -> list[str]:
