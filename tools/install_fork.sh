@@ -7,6 +7,9 @@
 # VLLM_FORK_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages,
 # so an image's own torch (e.g. a CUDA build on an offline GPU box) is used.
 # VLLM_FORK_INSTALLER=uv|pip|auto (default auto: uv unless offline) installs the wheel.
+# An install that is up to date (same target, sources, patches, pins and requirement
+# files as the last one in this venv) is kept as it is; VLLM_FORK_REINSTALL=1 redoes it,
+# VLLM_FORK_INSTALL_CHECK=1 only reports it (exit 0 up to date, 3 not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -30,6 +33,47 @@ if [ ! -x "$VENV/bin/python" ]; then
   if [ "${VLLM_FORK_VENV_SYSTEM_SITE:-0}" = 1 ]; then VENV_ARGS+=(--system-site-packages); fi
   "$PYTHON" -m venv "${VENV_ARGS[@]}" "$VENV"
 fi
+
+# What the wheel and its installation are made from. When none of it changed
+# since this venv's last install and that wheel is still there, the install is
+# up to date: nothing is built or installed again (VLLM_FORK_REINSTALL=1 does).
+fingerprint() {
+  "$VENV/bin/python" - "$TARGET" "$@" <<'PY'
+import hashlib, os, sys
+from pathlib import Path
+
+h = hashlib.sha256(sys.argv[1].encode())
+files = [Path("pyproject.toml"), Path("setup.py"), *map(Path, sys.argv[2:])]
+for folder in ("forkbuild", "patches", "vllm"):
+    files += sorted(p for p in Path(folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+for path in files:
+    h.update(f"{path}\0".encode())
+    h.update(path.read_bytes() if path.is_file() else b"(missing)")
+for name in ("VLLM_FORK_BASE_WHEEL", "VLLM_FORK_INSTALLER", "VLLM_FORK_VENV_SYSTEM_SITE"):
+    h.update(f"{name}={os.environ.get(name, '')}\0".encode())
+print(h.hexdigest())
+PY
+}
+STAMP="$VENV/.vllm-fork-install"
+FINGERPRINT=$(fingerprint "$@")
+up_to_date() {
+  [ "${VLLM_FORK_REINSTALL:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$FINGERPRINT" ] || return 1
+  WHEEL=$(sed -n 2p "$STAMP")
+  [ -f "$WHEEL" ] && "$VENV/bin/python" -c 'import importlib.metadata as m, sys, vllm.fork.info
+sys.exit(m.version("vllm") != sys.argv[1])' "$(basename "$WHEEL" | cut -d- -f2)" 2>/dev/null
+}
+if up_to_date; then
+  step "up to date: $(basename "$WHEEL") is installed in $VENV and nothing it is made from changed (VLLM_FORK_REINSTALL=1 installs it again)"
+  echo "$WHEEL"
+  exit 0
+fi
+# VLLM_FORK_INSTALL_CHECK=1: only say whether the install is up to date (exit 0 above, else 3).
+if [ "${VLLM_FORK_INSTALL_CHECK:-0}" = 1 ]; then
+  step "not up to date: $VENV needs the fork built and installed"
+  exit 3
+fi
+rm -f "$STAMP"
+
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade "pip>=24"
 
@@ -79,4 +123,5 @@ if ! install_with "$INSTALLER"; then
   install_with pip
 fi
 "$VENV/bin/python" -m vllm.fork.info >&2
+printf '%s\n%s\n' "$FINGERPRINT" "$WHEEL" > "$STAMP"
 echo "$WHEEL"

@@ -3,9 +3,22 @@
 #   bash tools/serve.sh                         # embedded tiny target + DFlash pair (offline)
 #   bash tools/serve.sh TARGET DRAFT [vllm serve args...]
 #   e.g. bash tools/serve.sh Qwen/Qwen3-8B z-lab/Qwen3-8B-DFlash-b16 --max-model-len 8192
-# Env: PORT (8000), NUM_SPEC_TOKENS (draft block_size - 1, else 15), VLLM_FORK_TARGET
-# (auto|cuda|cpu), plus everything tools/install_fork.sh and vllm serve read.
+#   bash tools/serve.sh --help                  # this text
+# The embedded pair has random weights: it answers with noise and shows that DFlash with an
+# fp8 KV cache runs. The fork is built and installed into .venv on the first run; later runs
+# keep that install while nothing it is made from changed.
+# Env:
+#   PORT                    port on 127.0.0.1 (8000)
+#   NUM_SPEC_TOKENS         draft tokens per step (the drafter's block_size - 1, else 15)
+#   VLLM_FORK_TARGET        auto (CUDA if nvidia-smi sees a GPU), cuda or cpu
+#   VLLM_CPU_KVCACHE_SPACE  KV cache in GiB on CPU (2 here; vLLM's default wants 92 % of memory)
+#   VLLM_FORK_VENV          the virtual environment (.venv)
+#   VLLM_FORK_REINSTALL=1   build and install the fork again even if it is up to date
+# plus everything tools/install_fork.sh and vllm serve read.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VLLM_FORK_VENV:-$ROOT/.venv}

@@ -1,0 +1,62 @@
+"""The scripts a user runs: tools/serve.sh explains itself, tools/install_fork.sh
+keeps an install that is up to date and redoes one that is not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forkrepo import REPO
+
+# What tools/install_fork.sh builds the wheel and its installation from.
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "forkbuild", "patches", "vllm", "tools", "tests/requirements.txt")
+
+
+def test_serve_help_lists_the_arguments_and_environment():
+    result = subprocess.run(["bash", str(REPO / "tools" / "serve.sh"), "--help"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    for word in ("TARGET DRAFT", "PORT", "NUM_SPEC_TOKENS", "VLLM_FORK_TARGET", "VLLM_CPU_KVCACHE_SPACE",
+                 "VLLM_FORK_REINSTALL", "random weights"):
+        assert word in result.stdout, (word, result.stdout)
+    assert "==>" not in result.stdout  # nothing was installed or started
+
+
+def _copy_of_the_build_inputs(dest: Path) -> Path:
+    for name in BUILD_INPUTS:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+@pytest.mark.installed_fork
+def test_install_is_kept_while_nothing_changed_and_redone_after_a_change(tmp_path):
+    """Against this suite's own venv, in check mode (nothing is built or
+    installed): tools/run_tests.sh installed it from this checkout, so a copy
+    of the same inputs is up to date; one changed byte in a patch is not."""
+    venv = Path(sys.prefix)
+    if not (venv / ".vllm-fork-install").is_file():
+        pytest.skip(f"{venv} was not installed by tools/install_fork.sh")
+    repo = _copy_of_the_build_inputs(tmp_path / "repo")
+    env = {**os.environ, "VLLM_FORK_VENV": str(venv), "VLLM_FORK_INSTALL_CHECK": "1"}
+    env.pop("VLLM_FORK_REINSTALL", None)
+    command = ["bash", "tools/install_fork.sh", "cpu", "tests/requirements.txt"]
+
+    same = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0, same.stderr
+    assert "up to date" in same.stderr and same.stdout.strip().endswith(".whl"), same.stderr
+
+    series = repo / "patches" / "series"
+    series.write_text(series.read_text() + "\n")
+    changed = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert changed.returncode == 3, changed.stderr
+    assert "not up to date" in changed.stderr
