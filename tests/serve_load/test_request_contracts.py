@@ -52,10 +52,7 @@ def _stop_case(tokenizer, prompt: list[int], ref_ids: list[int]) -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def stop_cases(trained_pair, load_jobs, references):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(trained_pair[0])
+def stop_cases(tokenizer, load_jobs, references):
     cases = []
     for job in load_jobs:
         if not job.key.startswith("trained-"):
@@ -75,33 +72,56 @@ def client(server):
     return OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _complete(client, model: str, case: dict, stream: bool) -> dict:
-    """One /v1/completions request with the case's stop string; what the
-    response says, streamed responses joined."""
-    kwargs = dict(model=model, prompt=list(case["job"].prompt), max_tokens=sl.LOAD_MAX_TOKENS,
-                  temperature=0.0, stop=[case["stop"]], logprobs=1,
-                  extra_body={"ignore_eos": True, "return_token_ids": True})
-    if not stream:
-        r = client.completions.create(**kwargs)
-        choice = r.choices[0]
-        return {"text": choice.text, "token_ids": list(choice.model_extra["token_ids"]),
-                "logprobs": len(choice.logprobs.tokens), "finish_reason": choice.finish_reason,
-                "stop_reason": choice.model_extra.get("stop_reason"),
-                "completion_tokens": r.usage.completion_tokens}
-    got = {"text": "", "token_ids": [], "logprobs": 0, "finish_reason": None,
-           "stop_reason": None, "completion_tokens": None}
-    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True},
-                                           **kwargs):
-        if chunk.usage is not None:
-            got["completion_tokens"] = chunk.usage.completion_tokens
-        for choice in chunk.choices:
-            got["text"] += choice.text
-            got["token_ids"] += list((choice.model_extra or {}).get("token_ids") or [])
-            got["logprobs"] += len(choice.logprobs.tokens) if choice.logprobs else 0
-            if choice.finish_reason is not None:
-                got["finish_reason"] = choice.finish_reason
-                got["stop_reason"] = (choice.model_extra or {}).get("stop_reason")
-    return got
+def _choices(client, api: str, stream: bool, **kwargs) -> tuple[dict[int, dict], int | None]:
+    """Per choice index: text, token_ids, logprobs (a list of {token: logprob}
+    for the top entries, or None), the chosen tokens' logprobs,
+    finish_reason, stop_reason; and
+    usage.completion_tokens. Streamed responses joined."""
+    create = client.completions.create if api == "completions" else client.chat.completions.create
+    extra = kwargs.pop("extra_body", {})
+    kwargs["extra_body"] = {"ignore_eos": True, "return_token_ids": True, **extra}
+    responses = (create(stream=True, stream_options={"include_usage": True}, **kwargs) if stream
+                 else [create(**kwargs)])
+    choices: dict[int, dict] = {}
+    usage = None
+    for r in responses:
+        if r.usage is not None:
+            usage = r.usage.completion_tokens
+        for c in r.choices:
+            got = choices.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": None,
+                                               "chosen_logprobs": [], "finish_reason": None,
+                                               "stop_reason": None})
+            extra_fields = c.model_extra or {}
+            got["text"] += (c.text if api == "completions" else (c.delta.content if stream else c.message.content)) or ""
+            got["token_ids"] += list(extra_fields.get("token_ids") or [])
+            if c.logprobs is not None:
+                if api == "completions":
+                    tops = c.logprobs.top_logprobs or [{} for _ in c.logprobs.tokens]
+                    got["chosen_logprobs"] += list(c.logprobs.token_logprobs)
+                else:
+                    tops = [{t.token: t.logprob for t in e.top_logprobs} for e in c.logprobs.content or []]
+                    got["chosen_logprobs"] += [e.logprob for e in c.logprobs.content or []]
+                got["logprobs"] = (got["logprobs"] or []) + list(tops)
+            if c.finish_reason is not None:
+                got["finish_reason"], got["stop_reason"] = c.finish_reason, extra_fields.get("stop_reason")
+    return choices, usage
+
+
+@pytest.fixture(scope="module")
+def tokenizer(trained_pair):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(trained_pair[0])
+
+
+def _expected(tokenizer, prompt_ids: list[int], ref_ids: list[int], **params) -> dict:
+    """The response without speculation: the reference tokens one per step."""
+    from vllm.sampling_params import RequestOutputKind
+
+    want = final_output(generate_in_steps(tokenizer, prompt_ids, ref_ids, 1, RequestOutputKind.FINAL_ONLY,
+                                          **params))
+    return {"text": want["text"], "token_ids": want["token_ids"],
+            "finish_reason": want["finish_reason"], "stop_reason": want["stop_reason"]}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -110,7 +130,11 @@ def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculatio
     before = live_server.metrics()
     wrong = []
     for case in stop_cases:
-        got = _complete(client, live_server.model, case, stream)
+        choices, usage = _choices(client, "completions", stream, model=live_server.model,
+                                  prompt=list(case["job"].prompt), max_tokens=sl.LOAD_MAX_TOKENS,
+                                  temperature=0.0, stop=[case["stop"]], logprobs=1)
+        got = {k: choices[0][k] for k in ("text", "token_ids", "finish_reason", "stop_reason")}
+        got.update(logprobs=len(choices[0]["logprobs"] or []), completion_tokens=usage)
         want = {"text": case["text"], "token_ids": case["token_ids"],
                 "logprobs": len(case["token_ids"]), "finish_reason": case["finish_reason"],
                 "stop_reason": case["stop_reason"], "completion_tokens": len(case["token_ids"])}
@@ -170,20 +194,9 @@ def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, load_
     before = live_server.metrics()
     wrong = []
     for max_tokens in MAX_TOKENS_CASES:
-        kwargs = dict(model=live_server.model, prompt=list(job.prompt), max_tokens=max_tokens,
-                      temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
-        if stream:
-            ids, finish, usage = [], None, None
-            for chunk in client.completions.create(stream=True, stream_options={"include_usage": True},
-                                                   **kwargs):
-                usage = chunk.usage.completion_tokens if chunk.usage is not None else usage
-                for choice in chunk.choices:
-                    ids += list((choice.model_extra or {}).get("token_ids") or [])
-                    finish = choice.finish_reason or finish
-        else:
-            r = client.completions.create(**kwargs)
-            ids = list(r.choices[0].model_extra["token_ids"])
-            finish, usage = r.choices[0].finish_reason, r.usage.completion_tokens
+        choices, usage = _choices(client, "completions", stream, model=live_server.model,
+                                  prompt=list(job.prompt), max_tokens=max_tokens, temperature=0.0)
+        ids, finish = choices[0]["token_ids"], choices[0]["finish_reason"]
         got = (ids, finish, usage)
         want = (ref[:max_tokens], "length", max_tokens)
         if got != want:
@@ -193,58 +206,6 @@ def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, load_
         "cases": len(MAX_TOKENS_CASES), "wrong": len(wrong), "accepted_draft_tokens": accepted}
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert not wrong, "(max_tokens, (ids, finish_reason, completion_tokens) got, want): " + repr(wrong)
-
-
-def _choices(client, api: str, stream: bool, **kwargs) -> tuple[dict[int, dict], int | None]:
-    """Per choice index: text, token_ids, logprobs (a list of {token: logprob}
-    for the top entries, or None), the chosen tokens' logprobs,
-    finish_reason, stop_reason; and
-    usage.completion_tokens. Streamed responses joined."""
-    create = client.completions.create if api == "completions" else client.chat.completions.create
-    extra = kwargs.pop("extra_body", {})
-    kwargs["extra_body"] = {"ignore_eos": True, "return_token_ids": True, **extra}
-    responses = (create(stream=True, stream_options={"include_usage": True}, **kwargs) if stream
-                 else [create(**kwargs)])
-    choices: dict[int, dict] = {}
-    usage = None
-    for r in responses:
-        if r.usage is not None:
-            usage = r.usage.completion_tokens
-        for c in r.choices:
-            got = choices.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": None,
-                                               "chosen_logprobs": [], "finish_reason": None,
-                                               "stop_reason": None})
-            extra_fields = c.model_extra or {}
-            got["text"] += (c.text if api == "completions" else (c.delta.content if stream else c.message.content)) or ""
-            got["token_ids"] += list(extra_fields.get("token_ids") or [])
-            if c.logprobs is not None:
-                if api == "completions":
-                    tops = c.logprobs.top_logprobs or [{} for _ in c.logprobs.tokens]
-                    got["chosen_logprobs"] += list(c.logprobs.token_logprobs)
-                else:
-                    tops = [{t.token: t.logprob for t in e.top_logprobs} for e in c.logprobs.content or []]
-                    got["chosen_logprobs"] += [e.logprob for e in c.logprobs.content or []]
-                got["logprobs"] = (got["logprobs"] or []) + list(tops)
-            if c.finish_reason is not None:
-                got["finish_reason"], got["stop_reason"] = c.finish_reason, extra_fields.get("stop_reason")
-    return choices, usage
-
-
-@pytest.fixture(scope="module")
-def tokenizer(trained_pair):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(trained_pair[0])
-
-
-def _expected(tokenizer, prompt_ids: list[int], ref_ids: list[int], **params) -> dict:
-    """The response without speculation: the reference tokens one per step."""
-    from vllm.sampling_params import RequestOutputKind
-
-    want = final_output(generate_in_steps(tokenizer, prompt_ids, ref_ids, 1, RequestOutputKind.FINAL_ONLY,
-                                          **params))
-    return {"text": want["text"], "token_ids": want["token_ids"],
-            "finish_reason": want["finish_reason"], "stop_reason": want["stop_reason"]}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
