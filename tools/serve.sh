@@ -4,9 +4,10 @@
 #   bash tools/serve.sh TARGET DRAFT [vllm serve args...]
 #   e.g. bash tools/serve.sh Qwen/Qwen3-8B z-lab/Qwen3-8B-DFlash-b16 --max-model-len 8192
 #   bash tools/serve.sh --help                  # this text
-# The embedded pair has random weights: it answers with noise and shows that DFlash with an
-# fp8 KV cache runs. The fork is built and installed into .venv on the first run; later runs
-# keep that install while nothing it is made from changed.
+# The embedded pair is a tiny target trained on The Zen of Python and a DFlash drafter trained
+# against it: it goes on with a line of that text, and its drafts are mostly accepted. The
+# first run trains it (about a minute on 2 cores, in .cache/default-pair) and builds and
+# installs the fork into .venv; later runs keep both while nothing they are made from changed.
 # Env:
 #   PORT                    port on 127.0.0.1 (8000)
 #   NUM_SPEC_TOKENS         draft tokens per step (the drafter's block_size - 1, else 15)
@@ -31,8 +32,8 @@ if [ $# -ge 2 ]; then
   shift 2
 elif [ $# -eq 0 ]; then
   PAIR="$ROOT/.cache/default-pair"
-  printf '\n==> generating the embedded default pair in %s\n' "$PAIR"
-  "$PY" -m vllm.fork.tiny_pairs --out "$PAIR" --acceptance partial >/dev/null
+  printf '\n==> the embedded default pair in %s (trained on the first run)\n' "$PAIR"
+  "$PY" -m vllm.fork.tiny_pairs --out "$PAIR" --acceptance text | tail -n 1
   TARGET_MODEL=$PAIR/target DRAFT_MODEL=$PAIR/draft
 else
   echo "usage: bash tools/serve.sh [TARGET DRAFT [vllm serve args...]]" >&2
@@ -57,10 +58,12 @@ until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
   kill -0 $SERVER 2>/dev/null || { wait $SERVER; exit $?; }
   sleep 2
 done
+if [ -n "${PAIR:-}" ]; then PROMPT="Beautiful is better than"; else PROMPT="The capital of France is"; fi
 cat <<MSG
 
 ==> ready: http://127.0.0.1:$PORT/v1  (Ctrl-C stops the server)
-curl http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
-  -d '{"model": "$TARGET_MODEL", "prompt": "The capital of France is", "max_tokens": 32, "temperature": 0}'
+curl -s http://127.0.0.1:$PORT/v1/completions -H 'Content-Type: application/json' \\
+  -d '{"model": "$TARGET_MODEL", "prompt": "$PROMPT", "max_tokens": 64, "temperature": 0}'
+curl -s http://127.0.0.1:$PORT/metrics | grep -E '^vllm:spec_decode_num_(drafts|accepted_tokens)_total'
 MSG
 wait $SERVER

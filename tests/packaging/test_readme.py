@@ -3,7 +3,6 @@ example is the current release, its `vllm serve` commands parse."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 
@@ -16,6 +15,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import fork  # noqa: E402
 
 from forkbuild import config, patching  # noqa: E402
+from readme_blocks import bash_commands  # noqa: E402
 
 
 def test_readme_patch_table_matches_the_series():
@@ -24,16 +24,6 @@ def test_readme_patch_table_matches_the_series():
     assert fork.readme_with_table(readme, table) == readme, (
         "README.md's patch table is stale: run `python tools/fork.py patch-table --update-readme`"
     )
-
-
-def _bash_commands(readme: str) -> list[str]:
-    """The commands of the README's bash blocks, continuation lines joined."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
-        for command in block.replace("\\\n", " ").splitlines():
-            if command.strip() and not command.lstrip().startswith("#"):
-                commands.append(command.strip())
-    return commands
 
 
 def test_readme_shows_the_current_release_as_the_version():
@@ -50,7 +40,7 @@ def test_readme_vllm_serve_commands_parse_with_vllms_own_parser():
     from vllm.fork.tiny_pairs import DFLASH_BLOCK_SIZE
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    serve = [c for c in _bash_commands((REPO / "README.md").read_text()) if " vllm serve " in f" {c} "]
+    serve = [c for c in bash_commands() if " vllm serve " in f" {c} "]
     assert len(serve) >= 2, serve
     for command in serve:
         words = shlex.split(command)

@@ -120,7 +120,7 @@ def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
         root.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
-            tiny_pairs.generate_pair(partial, acceptance, seed=0, **kw)
+            tiny_pairs.ensure_pair(partial, acceptance, seed=0, **kw)
             os.replace(partial, final)
         except OSError:
             if not final.is_dir():  # not another process that won the race

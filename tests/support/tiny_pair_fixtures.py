@@ -37,5 +37,12 @@ def trained_pair():
 
 
 @pytest.fixture(scope="session")
+def text_pair():
+    """The README's pair: a target trained on The Zen of Python and a drafter
+    trained against it (about a minute of training on 2 idle cores)."""
+    return _make_pair("text", "text")
+
+
+@pytest.fixture(scope="session")
 def kv_scales_pair():
     return _make_pair("kvscales", "partial", draft_kv_scales=(0.5, 0.25))

@@ -1,6 +1,6 @@
 """Start the real `vllm serve` CLI on 127.0.0.1 and talk to it.
 
-Shared by tests/cpu_e2e/test_serve.py, tests/serve_load/ and
+Shared by tests/cpu_e2e/test_readme_quickstart.py, tests/serve_load/ and
 benchmarks/bench_serve_load.py. The server runs in its own process session,
 so :meth:`VllmServer.stop` can always take down whatever it started, even
 after a test failed half-way.
@@ -152,7 +152,7 @@ class VllmServer:
     """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
 
     def __init__(self, model: str, args: list[str], log_path: Path,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.cmd = vllm_cli() + ["serve", model, "--host", "127.0.0.1",
@@ -163,6 +163,7 @@ class VllmServer:
         # server runs as `vllm serve` runs for users.
         inherited = {k: v for k, v in os.environ.items() if k not in TEST_PROCESS_ONLY}
         self.env = {**inherited, **(env or {}), TAG_VAR: self.tag}
+        self.cwd = cwd  # relative model paths resolve against it
         self.proc: subprocess.Popen | None = None
         self._logf = None
         self.start_s: float | None = None
@@ -184,7 +185,7 @@ class VllmServer:
         print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
         self._logf = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, cwd=self.cwd, start_new_session=True)
         return self
 
     def log_tail(self, n: int = 4000) -> str:

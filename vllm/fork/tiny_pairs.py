@@ -1,6 +1,6 @@
 """Tiny, seeded Qwen3 target + DFlash drafter pairs, generated locally.
 
-    python -m vllm.fork.tiny_pairs --out DIR [--acceptance none|partial|full|trained]
+    python -m vllm.fork.tiny_pairs --out DIR [--acceptance none|partial|full|trained|text]
                                    [--seed N] [--draft-kv-scales K V]
 
 writes ``DIR/target`` (a ``Qwen3ForCausalLM``) and ``DIR/draft`` (a DFlash
@@ -53,6 +53,20 @@ Acceptance knob -- how a draft compares with the target under greedy decoding:
     fewer. ``draft/dflash_training.json`` records the prompts and the
     acceptance counts :mod:`vllm.fork.dflash_reference` measured with the
     right layers, the layers one below, and no features.
+``text``
+    a target that answers in words and a drafter trained against it: the
+    target (random start, smaller ``lm_head``) is trained for
+    ``TEXT_TARGET_STEPS`` steps (about 30-40 s on 2 cores) on The Zen of
+    Python, the text the standard library's ``this`` module carries, so it
+    continues any line of it ("Beautiful is better than" -> " ugly.\nExplicit
+    is better than implicit. ..."); the drafter is then trained as for
+    ``trained``, on the target's greedy continuations of every line's start.
+    Offline and seeded like the others.
+
+:func:`ensure_pair` (and the command line) keep a pair that is already in
+``DIR`` when it was made by this same generator, torch version and
+arguments (recorded in ``DIR/pair.json``), and otherwise write a new one
+beside it and swap it in, so a reader never sees half a pair.
 
 ``--draft-kv-scales K V`` makes the drafter checkpoint declare an fp8
 quantization config (``quant_method: fp8``, static activations, every linear
@@ -63,14 +77,20 @@ per-layer KV-cache scales ``layers.N.self_attn.{k,v}_proj.{k,v}_scale``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
-__all__ = ["generate_pair", "trained_prompts", "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE"]
+__all__ = [
+    "ensure_pair", "generate_pair", "trained_prompts", "text_prompts", "training_text",
+    "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE",
+]
 
 # --- vocabulary: 256 byte tokens + 4 special tokens -------------------------
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
@@ -108,7 +128,20 @@ TRAIN_LR = 3e-3
 # smaller final norm weight starts training from unsaturated logits.
 TRAIN_INIT_NORM = 0.3
 TRAINING_RECORD = "dflash_training.json"
-ACCEPTANCE_MODES = ("none", "partial", "full", "trained")
+
+# --- a target that answers in words (acceptance "text") ----------------------
+TEXT_TARGET_STEPS = 150  # the loss is ~0.02 by then; every line continues verbatim
+TEXT_TARGET_LR = 5e-3
+TEXT_WINDOW = 192  # tokens per training window (the text is 856 bytes)
+TEXT_BATCH = 6
+# The random lm_head (std 1) gives logits ~16 wide; a tenth of it starts the
+# target's training from a loss near log(vocab) instead of ~50.
+TEXT_LM_HEAD_SCALE = 0.1
+TEXT_PROMPT_LEN = 12
+TEXT_NEW_TOKENS = 64
+
+ACCEPTANCE_MODES = ("none", "partial", "full", "trained", "text")
+PAIR_RECORD = "pair.json"
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -245,10 +278,74 @@ def trained_prompts(seed: int = 0) -> list[list[int]]:
     ]
 
 
+def training_text() -> str:
+    """The Zen of Python, decoded from the rot13 string in the standard
+    library's ``this`` module; the file is parsed, not imported (importing it
+    prints the text)."""
+    import ast
+    import codecs
+    import importlib.util
+
+    spec = importlib.util.find_spec("this")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the standard library's 'this' module is missing; the text pair needs it")
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and [getattr(t, "id", None) for t in node.targets] == ["s"]):
+            return codecs.decode(node.value.value, "rot13")
+    raise RuntimeError(f"no text string 's' in {spec.origin}")
+
+
+def text_prompts() -> list[list[int]]:
+    """The first ``TEXT_PROMPT_LEN`` tokens of every line of the training text."""
+    ids = list(training_text().encode()) * 2  # cyclic: the last line wraps around
+    n = len(ids) // 2
+    starts = [0] + [i + 1 for i in range(n - 1) if ids[i] == ord("\n")]
+    return [ids[s : s + TEXT_PROMPT_LEN] for s in starts]
+
+
+def _train_target_on_text(target_dir: Path, seed: int) -> dict[str, torch.Tensor]:
+    """Train the target at ``target_dir`` on :func:`training_text`.
+
+    Windows of the text read cyclically, half of them starting at a line, so
+    the target continues a prompt taken from the start of any line.
+    """
+    import torch.nn.functional as F
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(TEXT_LM_HEAD_SCALE)
+    model.train()
+    ids = torch.tensor(list(training_text().encode()))
+    n = len(ids)
+    cyclic = torch.cat([ids, ids])
+    line_starts = torch.tensor([0] + [i + 1 for i in range(n - 1) if ids[i] == ord("\n")])
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=TEXT_TARGET_LR)
+    at_line = torch.arange(TEXT_BATCH) % 2 == 0
+    for _ in range(TEXT_TARGET_STEPS):
+        anywhere = torch.randint(0, n, (TEXT_BATCH,), generator=gen)
+        lines = line_starts[torch.randint(0, len(line_starts), (TEXT_BATCH,), generator=gen)]
+        starts = torch.where(at_line, lines, anywhere)
+        x = torch.stack([cyclic[s : s + TEXT_WINDOW] for s in starts.tolist()])
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
 def _train_draft(
-    target_dir: Path, draft_weights: dict[str, torch.Tensor], seed: int
+    target_dir: Path,
+    draft_weights: dict[str, torch.Tensor],
+    prompts: list[list[int]],
+    new_tokens: int,
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Fit the drafter to the target's continuations; return weights + record."""
+    """Fit the drafter to the target's greedy continuations of ``prompts``
+    (all of one length); return weights + record."""
     from transformers import Qwen3ForCausalLM
 
     from vllm.fork import dflash_reference as ref
@@ -261,26 +358,26 @@ def _train_draft(
     embed = target.model.embed_tokens.weight.detach()
     lm_head = target.lm_head.weight.detach()
     init = dict(draft_weights, **{"norm.weight": draft_weights["norm.weight"] * TRAIN_INIT_NORM})
-    prompts = trained_prompts(seed)
+    prompt_len = len(prompts[0])
     with torch.no_grad():
-        seqs = ref.greedy_continuations(target, prompts, TRAINED_NEW_TOKENS)
+        seqs = ref.greedy_continuations(target, prompts, new_tokens)
         features = {
             "right": ref.target_features(target, seqs, TARGET_LAYER_IDS),
             "one_below": ref.target_features(target, seqs, [i - 1 for i in TARGET_LAYER_IDS]),
         }
         features["none"] = torch.zeros_like(features["right"])
     trained = ref.train_drafter(
-        init, shape, embed, lm_head, seqs, features["right"], TRAINED_PROMPT_LEN - 1,
+        init, shape, embed, lm_head, seqs, features["right"], prompt_len - 1,
         MASK_TOKEN, steps=TRAIN_STEPS, lr=TRAIN_LR,
     )
     record = {
         "prompt_token_ids": prompts,
-        "continuations": seqs[:, TRAINED_PROMPT_LEN:].tolist(),
+        "continuations": seqs[:, prompt_len:].tolist(),
         "target_layer_ids": list(TARGET_LAYER_IDS),
         # [drafts, accepted at draft position 1, 2, ...] per feature choice
         "reference_acceptance": {
             name: ref.simulate_acceptance(
-                trained, shape, embed, lm_head, seqs, f, TRAINED_PROMPT_LEN, MASK_TOKEN
+                trained, shape, embed, lm_head, seqs, f, prompt_len, MASK_TOKEN
             )
             for name, f in features.items()
         },
@@ -323,6 +420,8 @@ def generate_pair(
     tconf = _qwen3_config(TARGET_LAYERS)
     tconf["architectures"] = ["Qwen3ForCausalLM"]
     _save(target_dir, tconf, tw)
+    if acceptance == "text":
+        _save(target_dir, tconf, _train_target_on_text(target_dir, seed))
 
     # ---- drafter (z-lab DFlash layout; shares embed_tokens/lm_head) ---------
     dw: dict[str, torch.Tensor] = {}
@@ -365,13 +464,66 @@ def generate_pair(
             "ignored_layers": ignored,
             "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
         }
-    if acceptance == "trained":
-        dw, record = _train_draft(target_dir, dw, seed)
+    if acceptance in ("trained", "text"):
+        if acceptance == "trained":
+            prompts, new_tokens = trained_prompts(seed), TRAINED_NEW_TOKENS
+        else:
+            prompts, new_tokens = text_prompts(), TEXT_NEW_TOKENS
+        dw, record = _train_draft(target_dir, dw, prompts, new_tokens)
         _save(draft_dir, dconf, dw, dtype=torch.float32)
         (draft_dir / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     else:
         _save(draft_dir, dconf, dw)
     return str(target_dir), str(draft_dir)
+
+
+def _pair_record(acceptance: str, seed: int, draft_kv_scales) -> dict:
+    return {
+        "generator_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "torch": torch.__version__,
+        "acceptance": acceptance,
+        "seed": seed,
+        "draft_kv_scales": None if draft_kv_scales is None else [float(s) for s in draft_kv_scales],
+    }
+
+
+def ensure_pair(
+    out_dir: str | os.PathLike,
+    acceptance: str = "none",
+    seed: int = 0,
+    *,
+    draft_kv_scales: tuple[float, float] | None = None,
+) -> tuple[tuple[str, str], bool]:
+    """The pair under ``out_dir`` and whether it was (re)generated.
+
+    A pair whose ``pair.json`` matches this generator, torch version and these
+    arguments is kept (the ``text`` pair takes a minute to train). Otherwise
+    the record goes first, a new pair is written in a sibling directory, its
+    ``target`` and ``draft`` replace the old ones, and the record is written
+    last: an interrupted run leaves no record, so the next one regenerates.
+    Nothing else in ``out_dir`` is touched.
+    """
+    out = Path(out_dir)
+    paths = (str(out / "target"), str(out / "draft"))
+    want = _pair_record(acceptance, seed, draft_kv_scales)
+    record = out / PAIR_RECORD
+    try:
+        if json.loads(record.read_text()) == want:
+            return paths, False
+    except (OSError, ValueError):
+        pass
+    out.mkdir(parents=True, exist_ok=True)
+    record.unlink(missing_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        generate_pair(staging, acceptance, seed, draft_kv_scales=draft_kv_scales)
+        for part in ("target", "draft"):
+            shutil.rmtree(out / part, ignore_errors=True)
+            os.replace(staging / part, out / part)
+        record.write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths, True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -387,13 +539,13 @@ def main(argv: list[str] | None = None) -> None:
         help="drafter declares an fp8 quantization config with these KV scales",
     )
     args = ap.parse_args(argv)
-    t, d = generate_pair(
+    (t, d), written = ensure_pair(
         args.out,
         args.acceptance,
         args.seed,
         draft_kv_scales=tuple(args.draft_kv_scales) if args.draft_kv_scales else None,
     )
-    print(f"target: {t}\ndraft:  {d}")
+    print(f"target: {t}\ndraft:  {d}\n({'written' if written else 'up to date, kept'})")
 
 
 if __name__ == "__main__":
