@@ -2,7 +2,7 @@
 PID` or a supervisor that signals one process does): every process it
 started exits and nothing is left in its temp directory. The other ways of
 stopping are checked where a server already runs: Ctrl-C (SIGINT to the
-process group) in test_serve.py, SIGTERM under load in
+process group) in test_readme_quickstart.py, SIGTERM under load in
 tests/serve_load/test_shutdown.py, a failed start-up in
 tests/serve_load/test_startup.py. This one starts a server of its own, so it
 is `extended`: `bash tools/run_tests.sh -m extended` (a CI job of its own)."""
