@@ -8,6 +8,8 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -285,3 +287,33 @@ def test_sdist_builds_its_own_target_and_names_the_other(fork_repo, tmp_path):
     assert p.returncode != 0 and not wheels
     assert "this sdist builds the 'cuda' target" in p.stderr + p.stdout
     assert "vllm 0.21.0+cpu.dflashfp8.1" in p.stderr + p.stdout
+
+
+@pytest.mark.parametrize("source", ["checkout", "git-url"])
+def test_pip_builds_the_fork_offline(fork_repo, tmp_path, source):
+    """The README's installs, through pip itself: `VLLM_TARGET_DEVICE=cpu pip
+    install .` in the checkout, and `pip install git+<url>` (pip clones the
+    repository; git+file:// stands in for the GitHub URL), both with
+    VLLM_FORK_OFFLINE=1 and VLLM_FORK_BASE_WHEEL naming a directory of wheels,
+    and no index."""
+    fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
+    if source == "git-url":
+        git = ["git", "-C", str(fork_repo.root), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(git + ["init", "-q"], check=True)
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-qm", "fork"], check=True)
+        what = f"git+file://{fork_repo.root}"
+    else:
+        what = "."
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation",
+         "-w", str(out), what],
+        cwd=fork_repo.root, capture_output=True, text=True,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1",
+             "VLLM_FORK_BASE_WHEEL": str(fork_repo.bases)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    wheel = _wheel(out)
+    assert wheel.name == "vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read(QWEN) == NEW

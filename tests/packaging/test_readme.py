@@ -51,3 +51,46 @@ def test_readme_vllm_serve_commands_parse_with_vllms_own_parser():
         assert spec["method"] == "dflash" and args.kv_cache_dtype == "fp8", command
         if spec["model"] == "pair/draft":  # the generated pair of `vllm.fork.tiny_pairs`
             assert spec["num_speculative_tokens"] <= DFLASH_BLOCK_SIZE - 1, command
+
+
+# Where each command the README shows is exercised. CPU commands are run word
+# for word; those that need a GPU, real models or the repository's GitHub URL
+# run in the GPU workflow, or are parsed (vllm serve) / stood in for
+# (git+file:// for the GitHub URL). A new README command needs an entry here.
+README_COMMANDS = {
+    "bash tools/serve.sh Qwen/": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser",
+    "bash tools/serve.sh": "tests/cpu_e2e/test_serve_script.py",
+    "bash tools/run_tests.sh": "tests/packaging/test_workflows.py::test_cpu_workflow_and_ci_run_use_the_readme_test_command",
+    "vllm serve Qwen/": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser",
+    "python -m vllm.fork.tiny_pairs ": "tests/cpu_e2e/test_readme_quickstart.py",
+    "VLLM_CPU_KVCACHE_SPACE=2 vllm serve pair/target ": "tests/cpu_e2e/test_readme_quickstart.py",
+    "curl -s http://127.0.0.1:8000/": "tests/cpu_e2e/test_readme_quickstart.py",
+    'pip install "git+https://': "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
+    "VLLM_TARGET_DEVICE=cpu pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
+    "VLLM_FORK_BASE_WHEEL=/wheels VLLM_FORK_OFFLINE=1 pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
+    "vllm --version": "tests/packaging/test_real_bases.py::test_vllm_cli_reports_the_fork_version",
+    "python -m vllm.fork.info": "tests/packaging/test_real_bases.py::test_installed_fork_is_this_checkout",
+    "bash tools/run_gpu_checks.sh": "tests/packaging/test_workflows.py::test_gpu_workflow_runs_an_existing_script",
+    "VLLM_FORK_REAL_TARGET=": ".github/workflows/gpu.yml (real models, a GPU)",
+    "python tools/fork.py unpack ": "tests/packaging/test_maintainer_tool.py::test_unpack_then_export_is_byte_identical",
+    "python tools/fork.py export ": "tests/packaging/test_maintainer_tool.py::test_unpack_then_export_is_byte_identical",
+    "python tools/fork.py check ": "tests/packaging/test_real_bases.py::test_dflash_fix_is_reported_as_in_upstream_022",
+}
+
+
+def test_every_readme_command_is_exercised_somewhere():
+    """Each README command matches an entry of README_COMMANDS whose test
+    (file, and function where named) exists."""
+    unmapped, missing = [], []
+    for command in bash_commands():
+        where = next((v for k, v in sorted(README_COMMANDS.items(), key=lambda kv: -len(kv[0]))
+                      if command.startswith(k)), None)
+        if where is None:
+            unmapped.append(command)
+            continue
+        path, _, function = where.split(" ")[0].partition("::")
+        file = REPO / path
+        if not file.is_file() or (function and f"def {function}(" not in file.read_text()):
+            missing.append(f"{command!r} -> {where}")
+    assert not unmapped, f"README commands no test exercises (add them to README_COMMANDS): {unmapped}"
+    assert not missing, f"README_COMMANDS names tests that do not exist: {missing}"

@@ -140,7 +140,7 @@ PORT_TAKEN = "Address already in use"
 PORT_ATTEMPTS = 3
 
 
-def _still_running(proc: psutil.Process) -> bool:
+def still_running(proc: psutil.Process) -> bool:
     """Alive and not a zombie; a process that exits while being asked is not."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -261,7 +261,7 @@ class VllmServer:
         alive = tagged_processes(self.tag)
         if alive and grace_s > 0:
             _gone, alive = psutil.wait_procs(alive, timeout=grace_s)
-            alive = [p for p in alive if _still_running(p)]
+            alive = [p for p in alive if still_running(p)]
         return alive
 
     def temp_files_left(self) -> list[str]:
