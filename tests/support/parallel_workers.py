@@ -151,3 +151,22 @@ def register(config: pytest.Config, stash_key) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(MeasuredRelay(stash_key), "measured-relay")
         config.pluginmanager.register(GroupCheck(), "xdist-group-check")
+
+
+def threads_bind_for_ranks(ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for an engine of ``ranks`` CPU workers
+    (tensor parallelism): one core list per rank, "|"-separated. vLLM's
+    "auto" binding refuses more ranks than NUMA nodes, so the cores are named:
+    this xdist worker's cores (or all allowed ones) split into ``ranks``
+    parts; with fewer cores than ranks, ranks share them."""
+    mine = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if mine and mine not in ("auto", "nobind") and "|" not in mine:
+        cores = [int(c) for c in mine.split(",") if c.strip().isdigit()]
+    else:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    if len(cores) >= ranks:
+        share = len(cores) // ranks
+        parts = [cores[i * share:(i + 1) * share] for i in range(ranks)]
+    else:
+        parts = [cores] * ranks
+    return "|".join(",".join(map(str, p)) for p in parts)

@@ -1,0 +1,134 @@
+"""DFlash + fp8 KV cache under tensor parallelism: TP=2 on CPU.
+
+vLLM's CPU backend runs tensor parallelism with one worker process per rank
+(shared-memory and gloo communicators). The fork's patches run on every rank
+(the drafter's layers and KV caches, the layer taps, the CPU runner), so each
+rank is checked, not rank 0 alone. The pair is the text pair (a target trained
+on The Zen of Python, its drafter trained against it), in float32: its KV
+heads (2) split one per rank.
+
+The ranks' threads are bound explicitly (parallel_workers.threads_bind_for_ranks):
+vLLM's automatic binding stops at start-up with "Not enough allowed NUMA
+nodes to bind threads of 2 local CPUWorkers" on a one-node machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import dflash_e2e as e2e
+import parallel_workers
+
+TP = 2
+MAX_TOKENS = 48
+# Starts of lines of the text the target was trained on.
+PROMPTS = ["Beautiful is better than", "Errors should never", "Now is better", "The Zen of",
+           "If the implementation is hard"]
+KV_TENSOR_DTYPE = {"auto": "torch.float32", "fp8": "torch.uint8"}
+# Every draft of this drafter is accepted on these prompts at TP=1 (4.0 of
+# 4); a drafter fed the wrong target layers, or nothing, stays far below.
+MIN_MEAN_ACCEPTANCE_LENGTH = 3.5
+
+
+def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP):
+    target, draft = pair
+    kwargs = dict(model=target, dtype="float32", kv_cache_dtype=kv_dtype,
+                  enable_prefix_caching=False, tensor_parallel_size=tp)
+    if tp > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+    if dflash:
+        kwargs["speculative_config"] = e2e.dflash_spec_config(draft)
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = parallel_workers.threads_bind_for_ranks(tp)
+    try:
+        return e2e.start_llm(key, **kwargs)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+
+
+def run(key, pair, kv_dtype: str, dflash: bool, tp: int = TP) -> dict:
+    """One engine's greedy outputs, per-rank KV state and spec-decode counters;
+    the engine is shut down after (its ranks take every core)."""
+    llm = start_tp_engine(key, pair, kv_dtype, dflash, tp)
+    try:
+        ids, texts = e2e.generate_ids(llm, PROMPTS, MAX_TOKENS)
+        return {"ids": ids, "texts": texts, "ranks": llm.collective_rpc(e2e.worker_kv_state),
+                "metrics": e2e.spec_metrics(llm) if dflash else {}}
+    finally:
+        e2e.shutdown_llm()
+
+
+@pytest.fixture(scope="module")
+def dflash_fp8_tp2(text_pair):
+    return run(("dflash-text-tp2", "fp8"), text_pair, "fp8", dflash=True)
+
+
+@pytest.fixture(scope="module")
+def target_fp8_tp2(text_pair):
+    return run(("target-text-tp2", "fp8"), text_pair, "fp8", dflash=False)
+
+
+@pytest.mark.needs_patch("0001", "0002")
+def test_every_rank_gives_the_draft_layers_an_fp8_cache(dflash_fp8_tp2):
+    ranks = dflash_fp8_tp2["ranks"]
+    assert len(ranks) == TP
+    for rank, state in enumerate(ranks):
+        draft = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
+        print(f"\n[tp] rank {rank}: " + ", ".join(
+            f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(state["layers"].items())))
+        assert len(draft) == 2 and len(state["layers"]) == 6, sorted(state["layers"])
+        for name, s in state["layers"].items():
+            assert (s["kv_cache_dtype"], s["tensor_dtype"]) == ("fp8", KV_TENSOR_DTYPE["fp8"]), (rank, name, s)
+
+
+@pytest.mark.needs_patch("0001")
+def test_every_rank_holds_half_the_kv_heads_and_the_expected_blocks(dflash_fp8_tp2, measurements):
+    """Per rank: one of the two KV heads, and VLLM_CPU_KVCACHE_SPACE / (bytes
+    per block over the 4 target + 2 draft layers) blocks -- twice TP=1's,
+    fp8 taking one byte per element on every layer."""
+    from vllm.fork.tiny_pairs import NUM_KV_HEADS
+
+    space = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30))
+    blocks = []
+    for rank, state in enumerate(dflash_fp8_tp2["ranks"]):
+        per_block = 0
+        for name, s in state["layers"].items():
+            _two, _nb, kv_heads, block_size, head = s["tensor_shape"]
+            assert kv_heads == NUM_KV_HEADS // TP, (rank, name, s["tensor_shape"])
+            per_block += 2 * kv_heads * block_size * head * 1
+        expected = space // per_block
+        blocks.append(state["num_blocks"])
+        assert abs(state["num_blocks"] - expected) <= max(2, expected // 100), (rank, state["num_blocks"], expected)
+    measurements["TP=2 DFlash fp8 KV blocks per rank"] = blocks
+
+
+def test_greedy_dflash_tp2_equals_target_only_tp2(dflash_fp8_tp2, target_fp8_tp2, measurements):
+    """float32, fp8 KV: exact equality, token for token, and the answer is the text."""
+    from vllm.fork.tiny_pairs import training_text
+
+    got, want = dflash_fp8_tp2["ids"], target_fp8_tp2["ids"]
+    equal = sum(g == w for g, w in zip(got, want))
+    measurements["TP=2 fp8 float32: DFlash equal to target-only"] = f"{equal}/{len(PROMPTS)}"
+    for prompt, text in zip(PROMPTS, dflash_fp8_tp2["texts"]):
+        print(f"\n[tp] {prompt!r} -> {text!r}")
+    assert got == want
+    zen = training_text()
+    assert (zen + zen).find(PROMPTS[0] + dflash_fp8_tp2["texts"][0][:32]) >= 0
+
+
+@pytest.mark.needs_patch("0007")
+def test_tp2_drafter_gets_its_target_layers(dflash_fp8_tp2, measurements):
+    """The drafter was trained on the outputs of its target_layer_ids: fed
+    those on every rank, nearly every draft is accepted."""
+    m = dflash_fp8_tp2["metrics"]
+    drafts = m.get("vllm:spec_decode_num_drafts", 0)
+    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
+    mal = 1 + accepted / drafts if drafts else 1.0
+    measurements["TP=2 DFlash fp8 mean acceptance length (text pair)"] = round(mal, 3)
+    print(f"\n[tp] drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}")
+    assert mal >= MIN_MEAN_ACCEPTANCE_LENGTH, m
