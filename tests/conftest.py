@@ -106,6 +106,10 @@ def pytest_addoption(parser):
     )
 
 
+# VLLM_FORK_NECESSITY_WITH_EXTENDED=1: a necessity proof also runs the
+# patch's guards marked `extended` (the extended CI job sets it).
+NECESSITY_WITH_EXTENDED_ENV = "VLLM_FORK_NECESSITY_WITH_EXTENDED"
+
 # What tools/run_tests.sh runs a second time on AVX-512/AMX CPUs, as a CPU
 # without them (VLLM_FORK_TEST_NO_AVX512=1): `pytest -m no_avx512_pass`.
 NO_AVX512_PASS_FILES = ("kernels/test_cpu_torch_fp8_kv.py", "kernels/test_cpu_noncausal_attention.py",
@@ -133,10 +137,14 @@ def pytest_collection_modifyitems(config, items):
     number = config.getoption("--needs-patch")
     if not number:
         return
+    # Guards marked `extended` (a start of their own too long for every
+    # commit) join a necessity proof only in the extended CI job.
+    with_extended = os.environ.get(NECESSITY_WITH_EXTENDED_ENV) == "1"
     keep, drop = [], []
     for item in items:
         numbers = {arg for mark in item.iter_markers("needs_patch") for arg in mark.args}
-        (keep if number in numbers else drop).append(item)
+        extended = item.get_closest_marker("extended") is not None
+        (keep if number in numbers and (with_extended or not extended) else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
 

@@ -10,16 +10,25 @@ heads (2) split one per rank.
 The ranks' threads are bound explicitly (parallel_workers.threads_bind_for_ranks):
 vLLM's automatic binding stops at start-up with "Not enough allowed NUMA
 nodes to bind threads of 2 local CPUWorkers" on a one-node machine.
+
+Every engine here has two ranks, so the module is `extended` (a CI job of its
+own, `bash tools/run_tests.sh -m extended`); that job also proves its guards
+of 0001, 0002 and 0007 (VLLM_FORK_NECESSITY_WITH_EXTENDED=1).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
 import dflash_e2e as e2e
 import parallel_workers
+from vllm_server import VllmServer
+
+pytestmark = pytest.mark.extended
 
 TP = 2
 MAX_TOKENS = 48
@@ -132,3 +141,85 @@ def test_tp2_drafter_gets_its_target_layers(dflash_fp8_tp2, measurements):
     measurements["TP=2 DFlash fp8 mean acceptance length (text pair)"] = round(mal, 3)
     print(f"\n[tp] drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}")
     assert mal >= MIN_MEAN_ACCEPTANCE_LENGTH, m
+
+
+@pytest.fixture(scope="module")
+def target_fp8_tp1(text_pair):
+    return run(("target-text-tp1", "fp8"), text_pair, "fp8", dflash=False, tp=1)
+
+
+def test_greedy_dflash_tp2_equals_target_only_tp1(dflash_fp8_tp2, target_fp8_tp1, measurements):
+    """float32, fp8 KV: TP=2 with DFlash gives what one rank without it gives."""
+    got, want = dflash_fp8_tp2["ids"], target_fp8_tp1["ids"]
+    measurements["TP=2 DFlash vs TP=1 target-only, fp8 float32: equal"] = (
+        f"{sum(g == w for g, w in zip(got, want))}/{len(PROMPTS)}")
+    assert len(target_fp8_tp1["ranks"]) == 1
+    assert got == want
+
+
+def test_auto_kv_tp2_every_rank_and_lossless(text_pair, measurements):
+    """The `auto` KV cache (float32 here) with TP=2: every rank's draft layers
+    take it, and DFlash equals target-only exactly."""
+    dflash = run(("dflash-text-tp2", "auto"), text_pair, "auto", dflash=True)
+    target = run(("target-text-tp2", "auto"), text_pair, "auto", dflash=False)
+    for rank, state in enumerate(dflash["ranks"]):
+        for name, layer in state["layers"].items():
+            assert layer["tensor_dtype"] == KV_TENSOR_DTYPE["auto"], (rank, name, layer)
+    measurements["TP=2 auto KV float32: DFlash equal to target-only"] = (
+        f"{sum(g == w for g, w in zip(dflash['ids'], target['ids']))}/{len(PROMPTS)}")
+    measurements["TP=2 DFlash auto KV blocks per rank"] = [r["num_blocks"] for r in dflash["ranks"]]
+    assert dflash["ids"] == target["ids"]
+
+
+def test_full_acceptance_pair_reaches_k_plus_one_with_tp2(full_pair, measurements):
+    from vllm.fork.tiny_pairs import FULL_TOKEN
+
+    out = run(("dflash-full-tp2", "fp8"), full_pair, "fp8", dflash=True)
+    m = out["metrics"]
+    drafts, accepted = m["vllm:spec_decode_num_drafts"], m["vllm:spec_decode_num_accepted_tokens"]
+    mal = 1 + accepted / drafts
+    measurements["TP=2 full pair fp8 mean acceptance length"] = mal
+    assert all(ids == [FULL_TOKEN] * MAX_TOKENS for ids in out["ids"])
+    assert accepted == drafts * e2e.NUM_SPEC_TOKENS and mal == e2e.NUM_SPEC_TOKENS + 1
+
+
+def test_served_api_with_tp2(text_pair, tmp_path, measurements):
+    """`vllm serve --tensor-parallel-size 2` with DFlash and an fp8 KV cache
+    answers with the text and shows DFlash's counters."""
+    target, draft = text_pair
+    args = [*e2e.dflash_fp8_serve_args(draft), "--tensor-parallel-size", str(TP),
+            "--distributed-executor-backend", "mp"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": parallel_workers.threads_bind_for_ranks(TP)}
+    with VllmServer(target, args, tmp_path / "server.log", env=env) as srv:
+        body = {"model": srv.model_id(), "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
+                "temperature": 0.0}
+        status, text = srv.post("/v1/completions", body)
+        assert status == 200, text
+        answer = json.loads(text)["choices"][0]["text"]
+        metrics = srv.metrics()
+        measurements["TP=2 vllm serve: start s"] = round(srv.start_s, 1)
+    print(f"\n[tp] served: {answer!r}")
+    assert answer.startswith(" ugly.\nExplicit is better than implicit.")
+    assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0, metrics
+
+
+PP_START_BOUND_S = 120
+
+
+def test_pipeline_parallelism_with_a_dflash_drafter_fails_fast(text_pair, measurements):
+    """vLLM 0.21.0 has no pipeline parallelism for DFlash drafters: the start
+    fails at configuration, before any model is loaded, naming pipeline
+    parallelism (tensor parallelism is what works; README "Scaling out")."""
+    from vllm import LLM
+
+    target, draft = text_pair
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as info:
+        LLM(model=target, dtype="float32", kv_cache_dtype="fp8", enforce_eager=True,
+            pipeline_parallel_size=2, distributed_executor_backend="mp",
+            speculative_config=e2e.dflash_spec_config(draft))
+    seconds = time.monotonic() - t0
+    measurements["PP=2 + DFlash refused"] = {"s": round(seconds, 1), "error": f"{type(info.value).__name__}: {info.value}"[:200]}
+    assert "Pipeline parallelism is not supported" in str(info.value), info.value
+    assert seconds < PP_START_BOUND_S
