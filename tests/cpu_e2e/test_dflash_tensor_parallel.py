@@ -210,7 +210,8 @@ PP_START_BOUND_S = 120
 def test_pipeline_parallelism_with_a_dflash_drafter_fails_fast(text_pair, measurements):
     """vLLM 0.21.0 has no pipeline parallelism for DFlash drafters: the start
     fails at configuration, before any model is loaded, naming pipeline
-    parallelism (tensor parallelism is what works; README "Scaling out")."""
+    parallelism and tensor parallelism as what works (patch 0021; its guard is
+    in tests/engine/test_dflash_config_errors.py)."""
     from vllm import LLM
 
     target, draft = text_pair
@@ -221,5 +222,6 @@ def test_pipeline_parallelism_with_a_dflash_drafter_fails_fast(text_pair, measur
             speculative_config=e2e.dflash_spec_config(draft))
     seconds = time.monotonic() - t0
     measurements["PP=2 + DFlash refused"] = {"s": round(seconds, 1), "error": f"{type(info.value).__name__}: {info.value}"[:200]}
-    assert "Pipeline parallelism is not supported" in str(info.value), info.value
+    assert "does not support pipeline parallelism" in str(info.value), info.value
+    assert "--tensor-parallel-size" in str(info.value), info.value
     assert seconds < PP_START_BOUND_S

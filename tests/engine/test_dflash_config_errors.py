@@ -67,3 +67,21 @@ def test_cpu_attn_or_automatic_choice_is_taken(trained_pair, backend):
     target, draft = trained_pair
     config = _engine_config(target, model=draft, num_speculative_tokens=3, attention_backend=backend)
     assert config.speculative_config.num_speculative_tokens == 3
+
+
+@pytest.mark.needs_patch("0021")
+def test_pipeline_parallelism_is_refused_pointing_at_tensor_parallelism(trained_pair):
+    """Refused at configuration (no engine starts), naming pipeline
+    parallelism and what works instead; the base's error named neither the
+    drafter nor an alternative."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    target, draft = trained_pair
+    with pytest.raises(Exception) as e:
+        EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
+                   pipeline_parallel_size=2, distributed_executor_backend="mp",
+                   speculative_config={"method": "dflash", "model": draft,
+                                       "num_speculative_tokens": 3}).create_engine_config()
+    message = str(e.value)
+    assert "DFlash speculative decoding does not support pipeline parallelism" in message, message
+    assert "pipeline_parallel_size=2" in message and "--tensor-parallel-size" in message, message

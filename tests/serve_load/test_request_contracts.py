@@ -35,19 +35,15 @@ MIN_CASES = 3
 
 
 def _stop_case(tokenizer, prompt: list[int], ref_ids: list[int]) -> dict | None:
-    """The case's stop string and the response expected without speculation."""
-    from vllm.sampling_params import RequestOutputKind
-
+    """The case's stop string (two printable reference tokens) and the
+    response expected without speculation."""
     def printable(t: int) -> bool:
         return 33 <= t <= 126
 
     for p in range(FIRST_STOP_POSITION, len(ref_ids) - 1):
         if printable(ref_ids[p]) and printable(ref_ids[p + 1]):
             stop = chr(ref_ids[p]) + chr(ref_ids[p + 1])
-            want = final_output(generate_in_steps(tokenizer, prompt, ref_ids, 1,
-                                                  RequestOutputKind.FINAL_ONLY, stop=[stop]))
-            return {"stop": stop, "token_ids": want["token_ids"], "text": want["text"],
-                    "finish_reason": want["finish_reason"], "stop_reason": want["stop_reason"]}
+            return {"stop": stop, **_expected(tokenizer, prompt, ref_ids, stop=[stop])}
     return None
 
 
@@ -63,6 +59,12 @@ def stop_cases(tokenizer, load_jobs, references):
     assert len(cases) >= MIN_CASES, (
         f"only {len(cases)} trained-prompt references have a usable stop string")
     return cases
+
+
+@pytest.fixture(scope="module")
+def trained_job(load_jobs):
+    """The first load job on one of the trained pair's training prompts."""
+    return next(job for job in load_jobs if job.key.startswith("trained-"))
 
 
 @pytest.fixture(scope="module")
@@ -153,14 +155,13 @@ TEMPERATURE = 0.9
 
 
 def _sampled_token_ids(client, model: str, prompt: list[int], seed: int | None) -> tuple[int, ...]:
-    r = client.completions.create(model=model, prompt=prompt, max_tokens=sl.LOAD_MAX_TOKENS,
-                                  temperature=TEMPERATURE, seed=seed,
-                                  extra_body={"ignore_eos": True, "return_token_ids": True})
-    return tuple(r.choices[0].model_extra["token_ids"])
+    choices, _usage = _choices(client, "completions", False, model=model, prompt=prompt,
+                               max_tokens=sl.LOAD_MAX_TOKENS, temperature=TEMPERATURE, seed=seed)
+    return tuple(choices[0]["token_ids"])
 
 
-def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server, load_jobs, client, figures):
-    prompt = list(next(job for job in load_jobs if job.key.startswith("trained-")).prompt)
+def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server, trained_job, client, figures):
+    prompt = list(trained_job.prompt)
     before = live_server.metrics()
     alone = [_sampled_token_ids(client, live_server.model, prompt, SEED) for _ in range(2)]
     # Two copies of the seeded request and an unseeded one, all at once. No more:
@@ -188,11 +189,11 @@ MAX_TOKENS_CASES = range(1, e2e.NUM_SPEC_TOKENS + 3)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, load_jobs, references,
+def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, trained_job, references,
                                                               client, stream, figures):
     """max_tokens 1 .. k+2: exactly that many tokens, the target-only greedy
     prefix (float32: exact), finish_reason "length", usage to match."""
-    job = next(job for job in load_jobs if job.key.startswith("trained-"))
+    job = trained_job
     ref = references[job.key]["token_ids"]
     before = live_server.metrics()
     wrong = []
@@ -258,7 +259,7 @@ def test_min_tokens_holds_back_a_stop_string_as_without_speculation(live_server,
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_top_logprobs_n_and_echo_with_dflash(live_server, load_jobs, references, tokenizer, client,
+def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, references, tokenizer, client,
                                              stream, figures):
     """logprobs=3, greedy: the target-only tokens, each with top logprobs
     none of which is above the chosen token's (tokens that decode to the same
@@ -267,7 +268,7 @@ def test_top_logprobs_n_and_echo_with_dflash(live_server, load_jobs, references,
     max_tokens tokens each, usage their sum, the same pair again on a repeat.
     echo (a text prompt that tokenizes to the job's ids): the prompt's text,
     then the target-only continuation."""
-    job = next(job for job in load_jobs if job.key.startswith("trained-"))
+    job = trained_job
     ref = references[job.key]
     common = dict(model=live_server.model, prompt=list(job.prompt), max_tokens=job.max_tokens)
     before = live_server.metrics()
