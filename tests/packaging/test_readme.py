@@ -64,6 +64,7 @@ README_COMMANDS = {
     "vllm serve Qwen/": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser",
     "python -m vllm.fork.tiny_pairs ": "tests/cpu_e2e/test_readme_quickstart.py",
     "VLLM_CPU_KVCACHE_SPACE=2 vllm serve pair/target ": "tests/cpu_e2e/test_readme_quickstart.py",
+    "VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=": "tests/cpu_e2e/test_dflash_tensor_parallel.py::test_served_api_with_tp2",
     "curl -s http://127.0.0.1:8000/": "tests/cpu_e2e/test_readme_quickstart.py",
     'pip install "git+https://': "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
     "VLLM_TARGET_DEVICE=cpu pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
