@@ -7,8 +7,8 @@
 # VLLM_FORK_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages,
 # so an image's own torch (e.g. a CUDA build on an offline GPU box) is used.
 # VLLM_FORK_INSTALLER=uv|pip|auto (default auto: uv unless offline) installs the wheel.
-# An install that is up to date (same target, sources, patches, pins and requirement
-# files as the last one in this venv) is kept as it is; VLLM_FORK_REINSTALL=1 redoes it,
+# An install that is up to date (same target, sources, patches and pins as the last one
+# in this venv, and the same requirement files unless none are given) is kept as it is; VLLM_FORK_REINSTALL=1 redoes it,
 # VLLM_FORK_INSTALL_CHECK=1 only reports it (exit 0 up to date, 3 not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,13 +37,16 @@ fi
 # What the wheel and its installation are made from. When none of it changed
 # since this venv's last install and that wheel is still there, the install is
 # up to date: nothing is built or installed again (VLLM_FORK_REINSTALL=1 does).
+# The extra requirement files count apart: an install asked for without them
+# keeps one made with them (tools/serve.sh after tools/run_tests.sh), since
+# reinstalling the fork under running engines breaks their imports.
 fingerprint() {
   "$VENV/bin/python" - "$TARGET" "$@" <<'PY'
 import hashlib, os, sys
 from pathlib import Path
 
 h = hashlib.sha256(sys.argv[1].encode())
-files = [Path("pyproject.toml"), Path("setup.py"), *map(Path, sys.argv[2:])]
+files = [Path("pyproject.toml"), Path("setup.py")]
 for folder in ("forkbuild", "patches", "vllm"):
     files += sorted(p for p in Path(folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 for path in files:
@@ -54,10 +57,26 @@ for name in ("VLLM_FORK_BASE_WHEEL", "VLLM_FORK_INSTALLER", "VLLM_FORK_VENV_SYST
 print(h.hexdigest())
 PY
 }
+requirements_fingerprint() {
+  if [ $# -eq 0 ]; then echo none; return; fi
+  "$VENV/bin/python" - "$@" <<'PY'
+import hashlib, sys
+from pathlib import Path
+
+h = hashlib.sha256()
+for name in sys.argv[1:]:
+    path = Path(name)
+    h.update(f"{path}\0".encode())
+    h.update(path.read_bytes() if path.is_file() else b"(missing)")
+print(h.hexdigest())
+PY
+}
 STAMP="$VENV/.vllm-fork-install"
-FINGERPRINT=$(fingerprint "$@")
+FINGERPRINT=$(fingerprint)
+REQS_FINGERPRINT=$(requirements_fingerprint "$@")
 up_to_date() {
   [ "${VLLM_FORK_REINSTALL:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$FINGERPRINT" ] || return 1
+  [ "$REQS_FINGERPRINT" = none ] || [ "$(sed -n 3p "$STAMP")" = "$REQS_FINGERPRINT" ] || return 1
   WHEEL=$(sed -n 2p "$STAMP")
   [ -f "$WHEEL" ] && "$VENV/bin/python" -c 'import importlib.metadata as m, sys, vllm.fork.info
 sys.exit(m.version("vllm") != sys.argv[1])' "$(basename "$WHEEL" | cut -d- -f2)" 2>/dev/null
@@ -123,5 +142,5 @@ if ! install_with "$INSTALLER"; then
   install_with pip
 fi
 "$VENV/bin/python" -m vllm.fork.info >&2
-printf '%s\n%s\n' "$FINGERPRINT" "$WHEEL" > "$STAMP"
+printf '%s\n%s\n%s\n' "$FINGERPRINT" "$WHEEL" "$REQS_FINGERPRINT" > "$STAMP"
 echo "$WHEEL"

@@ -25,7 +25,8 @@ import textwrap
 import pytest
 
 from readme_blocks import block_with, commands
-from vllm_server import VllmServer, vllm_dist_skip_reason
+from serve_load import acceptance_length
+from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
 
 COMMAND_TIMEOUT_S = 300
 README_PORT = "127.0.0.1:8000"
@@ -125,13 +126,10 @@ def test_curl_answer_and_acceptance(server, quickstart, measurements):
     completion_cmd, metrics_cmd = [c.replace(README_PORT, server.base.removeprefix("http://"))
                                    for c in commands(block_with("bash", "curl -s"))]
     answer = json.loads(_run(completion_cmd, quickstart["dir"]).stdout)["choices"][0]["text"]
-    counters = {}
-    for line in _run(metrics_cmd, quickstart["dir"]).stdout.splitlines():
-        name, value = line.rsplit(" ", 1)
-        counters[name.split("{")[0]] = counters.get(name.split("{")[0], 0.0) + float(value)
-    drafts = counters["vllm:spec_decode_num_drafts_total"]
-    accepted = counters["vllm:spec_decode_num_accepted_tokens_total"]
-    mean_len = 1 + accepted / drafts if drafts else 1.0
+    counters = parse_metrics(_run(metrics_cmd, quickstart["dir"]).stdout)
+    drafts = counters.get("vllm:spec_decode_num_drafts_total", 0.0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    mean_len = acceptance_length({}, counters) or 1.0
     measurements["README quickstart: mean acceptance length after one 64-token request"] = {
         "drafts": drafts, "accepted": accepted, "mean_acceptance_length": round(mean_len, 2)}
     print(f"\n[quickstart] curl: {answer!r}; drafts {drafts:.0f}, accepted {accepted:.0f}")

@@ -26,7 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_server import TAG_VAR, still_running, free_port, tagged_processes, vllm_dist_skip_reason
+from serve_load import acceptance_length
+from vllm_server import (TAG_VAR, free_port, parse_metrics, still_running, tagged_processes,
+                         vllm_dist_skip_reason)
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 900
@@ -86,13 +88,7 @@ def test_serve_script_answers_with_the_text_and_accepts_drafts(tmp_path, measure
         for p in left:
             p.kill()
     got = json.loads(answer)["choices"][0]["text"]
-    counters: dict[str, float] = {}
-    for line in metrics.splitlines():
-        name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
-        counters[name] = counters.get(name, 0.0) + value
-    drafts = counters.get("vllm:spec_decode_num_drafts_total", 0.0)
-    accepted = counters.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    mean_len = 1 + accepted / drafts if drafts else 1.0
+    mean_len = acceptance_length({}, parse_metrics(metrics)) or 1.0
     measurements["tools/serve.sh (default pair)"] = {
         "ready_s": round(ready_s, 1), "mean_acceptance_length": round(mean_len, 2),
         "stopped_by_ctrl_c": code is not None}

@@ -54,6 +54,15 @@ def test_install_is_kept_while_nothing_changed_and_redone_after_a_change(tmp_pat
     same = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert same.returncode == 0, same.stderr
     assert "up to date" in same.stderr and same.stdout.strip().endswith(".whl"), same.stderr
+    # As tools/serve.sh asks, without requirement files: the install made with
+    # them is kept (a reinstall would pull files from under running engines).
+    no_reqs = subprocess.run(command[:3], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert no_reqs.returncode == 0 and "up to date" in no_reqs.stderr, no_reqs.stderr
+    other = tmp_path / "other-requirements.txt"
+    other.write_text("six\n")
+    more = subprocess.run([*command[:3], str(other)], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert more.returncode == 3, more.stderr
 
     series = repo / "patches" / "series"
     series.write_text(series.read_text() + "\n")
