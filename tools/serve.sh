@@ -6,7 +6,7 @@
 #   bash tools/serve.sh --help                  # this text
 # The embedded pair is a tiny target trained on The Zen of Python and a DFlash drafter trained
 # against it: it goes on with a line of that text, and its drafts are mostly accepted. The
-# first run trains it (about a minute on 2 cores, in .cache/default-pair) and builds and
+# first run trains it (about 80 s on 2 cores, in .cache/default-pair) and builds and
 # installs the fork into .venv; later runs keep both while nothing they are made from changed.
 # Env:
 #   PORT                    port on 127.0.0.1 (8000)

@@ -5,7 +5,7 @@ cache, and prints two curl commands; run as printed, the first gets the text's
 continuation and the second shows DFlash accepting most drafts. Ctrl-C stops
 it all.
 
-It trains the pair on a fresh checkout (about a minute) and starts a server
+It trains the pair on a fresh checkout (about 80 s) and starts a server
 of its own, so it is `extended`: `bash tools/run_tests.sh -m extended` (a CI
 job of its own). The venv is the one running the tests (installed from this
 checkout by tools/run_tests.sh), so the script's install check keeps it.

@@ -39,7 +39,7 @@ def trained_pair():
 @pytest.fixture(scope="session")
 def text_pair():
     """The README's pair: a target trained on The Zen of Python and a drafter
-    trained against it (about a minute of training on 2 idle cores)."""
+    trained against it (about 80 s of training on 2 idle cores)."""
     return _make_pair("text", "text")
 
 
