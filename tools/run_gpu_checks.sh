@@ -5,11 +5,12 @@
 #   bash tools/run_gpu_checks.sh [REPORT_DIR] [extra pytest args...]
 # Writes to REPORT_DIR (default gpu-report):
 #   report.xml         JUnit of tests/gpu
-#   log.txt            fork info, nvidia-smi, pytest output, benchmark output
+#   log.txt            fork info, nvidia-smi, pytest output, benchmark output (last 3000 lines)
 #   gpu_matrix.json    per backend x kv dtype case: outcome of every check + measurements
 #   bench/bench_dflash_fp8.json, bench/bench_dflash_fp8.png (plot if matplotlib installed)
-#   summary.md         the tables, for the CI job summary
-# Env: VLLM_FORK_VENV (default .venv-cuda), VLLM_FORK_GPU_MATRIX (quick|full,
+#   summary.md         phase and per-module times, the tables, for the CI job summary
+# Env: VLLM_FORK_KIT (install from this offline kit, tools/make_offline_kit.sh,
+# instead of building; nothing is fetched), VLLM_FORK_VENV (default .venv-cuda), VLLM_FORK_GPU_MATRIX (quick|full,
 # default quick), VLLM_FORK_GPU_BENCH_ARGS (replaces the benchmark's sweep
 # arguments), VLLM_FORK_REAL_TARGET/VLLM_FORK_REAL_DRAFT (also run the
 # real-model checks; they need more than the default budget).
@@ -30,11 +31,23 @@ LOG=$REPORT/log.txt
 left() { echo $((BUDGET - SECONDS)); }
 note() { printf '\n==> %s (%ss left of %ss)\n' "$*" "$(left)" "$BUDGET" | tee -a "$LOG"; }
 
-note "installing the CUDA build into $VENV"
-VLLM_FORK_VENV=$VENV bash tools/install_fork.sh cuda tests/requirements.txt >>"$LOG" 2>&1
-# The plot is optional: without matplotlib (e.g. offline) the benchmark says so and goes on.
-"$VENV/bin/python" -m pip install -q -r benchmarks/requirements.txt >>"$LOG" 2>&1 \
-  || echo "matplotlib not installed: the benchmark writes no PNG" | tee -a "$LOG"
+PHASES=()
+phase_start=$SECONDS
+phase() { PHASES+=("$(printf '%-40s %5ds' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
+if [ -n "${VLLM_FORK_KIT:-}" ]; then
+  # An offline kit (tools/make_offline_kit.sh) brings every wheel: nothing is fetched.
+  note "installing the offline kit $VLLM_FORK_KIT into $VENV"
+  bash "$VLLM_FORK_KIT/install.sh" "$VENV" >>"$LOG" 2>&1
+  "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null \
+    || echo "matplotlib not in the kit (--with-requirements benchmarks/requirements.txt): the benchmark writes no PNG" | tee -a "$LOG"
+else
+  note "installing the CUDA build into $VENV"
+  VLLM_FORK_VENV=$VENV bash tools/install_fork.sh cuda tests/requirements.txt >>"$LOG" 2>&1
+  # The plot is optional: without matplotlib (e.g. offline) the benchmark says so and goes on.
+  "$VENV/bin/python" -m pip install -q -r benchmarks/requirements.txt >>"$LOG" 2>&1 \
+    || echo "matplotlib not installed: the benchmark writes no PNG" | tee -a "$LOG"
+fi
+phase "install"
 "$VENV/bin/python" -m vllm.fork.info 2>&1 | tee -a "$LOG"
 nvidia-smi >>"$LOG" 2>&1 || true
 
@@ -48,6 +61,7 @@ VLLM_FORK_GPU_MATRIX=${VLLM_FORK_GPU_MATRIX:-quick} VLLM_FORK_GPU_REPORT_DIR=$RE
 tests_status=${PIPESTATUS[0]}
 set -e
 if [ "$tests_status" -eq 124 ]; then echo "tests/gpu ran out of its ${TESTS_S}s" | tee -a "$LOG"; fi
+phase "tests/gpu"
 
 BENCH_LEFT=$(left)
 if [ "$BENCH_LEFT" -lt 60 ]; then BENCH_LEFT=60; fi
@@ -60,17 +74,34 @@ timeout --signal=INT --kill-after=30 "$BENCH_LEFT" \
   | tee "$REPORT/bench.txt" | tee -a "$LOG"
 bench_status=${PIPESTATUS[0]}
 set -e
+phase "benchmark"
 
 {
   echo "# GPU check: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   echo
   echo "tests/gpu exit status: $tests_status; benchmark exit status: $bench_status; ${SECONDS}s"
   echo
+  echo "Phase times (budget ${BUDGET}s):"
+  echo '```'
+  printf '%s\n' "${PHASES[@]}"
+  # Each test module's time, from the JUnit report: what to plan the next budget by.
+  "$VENV/bin/python" - "$REPORT/report.xml" <<'PY' || true
+import collections, sys, xml.etree.ElementTree as ET
+times = collections.Counter()
+for case in ET.parse(sys.argv[1]).iter("testcase"):
+    times[case.get("classname", "?").rsplit(".", 1)[0]] += float(case.get("time") or 0)
+for module, seconds in times.most_common():
+    print(f"  {module:<38} {seconds:6.0f}s")
+PY
+  echo '```'
+  echo
   echo '```'
   grep '^\[gpu\]' "$LOG" || true
   sed -n '/^== KV capacity/,$p' "$REPORT/bench.txt" || true
   echo '```'
 } >"$REPORT/summary.md"
+# The report is brought back from the GPU box: keep the log's tail.
+tail -n 3000 "$LOG" >"$LOG.tail" && mv "$LOG.tail" "$LOG"
 note "done: $REPORT"
 if [ "$tests_status" -ne 0 ]; then exit "$tests_status"; fi
 exit "$bench_status"

@@ -33,6 +33,12 @@ def test_cpu_workflow_and_ci_run_use_the_readme_test_command():
     assert "exec bash tools/run_tests.sh" in (REPO / ".ci" / "run").read_text()
 
 
+def test_offline_kit_workflow_runs_the_kit_proof():
+    workflow = (REPO / ".github" / "workflows" / "offline-kit.yml").read_text()
+    assert "bash tools/check_offline_kits.sh" in workflow and "unshare -n" in workflow
+    assert (REPO / "tools" / "check_offline_kits.sh").is_file()
+
+
 def test_gpu_workflow_runs_an_existing_script():
     assert "tools/run_gpu_checks.sh" in (REPO / ".github" / "workflows" / "gpu.yml").read_text()
     assert (REPO / "tools" / "run_gpu_checks.sh").is_file()

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Proof that the offline kits are complete: make a CPU and a CUDA kit of this
+# checkout for Python 3.12, each split into 60 MiB parts, and install and run
+# each with no network at all (`unshare -n`: a network namespace without
+# interfaces, so a dependency missing from a kit fails here, not on the box).
+#   bash tools/check_offline_kits.sh [WORK_DIR]      (default build/offline-kits)
+#   CPU kit (torch included):  install.sh, then tools/smoke_fork.py (DFlash + fp8 KV)
+#   CUDA kit (--use-system-torch, with tests/requirements.txt): into a venv that
+#     already has torch 2.11.0, as a GPU image does; then import vllm,
+#     vllm --version, python -m vllm.fork.info and pytest tests/gpu (its CUDA
+#     modules skip, each with its reason, on a machine without a GPU)
+# Needs root (or a user namespace) for `unshare -n`, Python 3.12 (PATH or
+# pyenv), network to make the kits, and ~25 GB of disk. Prints each phase's
+# time. CI: .github/workflows/offline-kit.yml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=$(realpath -m "${1:-build/offline-kits}")
+PY_VERSION=3.12
+
+if ! unshare -n true 2>/dev/null; then
+  echo "check_offline_kits.sh: \`unshare -n\` does not work here: run as root (or in a container started with --network none, running the install steps by hand)" >&2
+  exit 2
+fi
+PY=$(command -v "python$PY_VERSION" || ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$PY_VERSION"*/bin/python"$PY_VERSION" 2>/dev/null | head -1) || true
+[ -n "$PY" ] || { echo "check_offline_kits.sh: no Python $PY_VERSION (PATH or pyenv)" >&2; exit 2; }
+
+PHASES=()
+phase_start=$SECONDS
+phase() { PHASES+=("$(printf '%-58s %5ds' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
+report() { printf '\n==> phase times (total %ds)\n' "$SECONDS"; printf '    %s\n' "${PHASES[@]}"; }
+trap report EXIT
+offline() { unshare -n "$@"; }
+step() { printf '\n==> %s\n' "$*"; }
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+step "CPU kit: make (torch included, 60 MiB parts)"
+bash tools/make_offline_kit.sh --python "$PY_VERSION" --target cpu --split 60M "$WORK/cpu-kit"
+phase "make the CPU kit ($(du -sh "$WORK/cpu-kit" | cut -f1), $(ls "$WORK/cpu-kit/parts" | wc -l) parts)"
+step "CPU kit: install with no network"
+offline bash "$WORK/cpu-kit/install.sh" "$WORK/cpu-venv" --python "$PY"
+phase "install the CPU kit, no network"
+step "CPU kit: DFlash + fp8 KV smoke test with no network"
+(cd "$WORK" && offline "$WORK/cpu-venv/bin/python" "$WORK/cpu-venv/vllm-fork-src/tools/smoke_fork.py")
+phase "smoke test (DFlash + fp8 KV), no network"
+rm -rf "$WORK/cpu-venv"
+
+step "CUDA kit: make (system torch, with the test requirements, 60 MiB parts)"
+bash tools/make_offline_kit.sh --python "$PY_VERSION" --target cuda --use-system-torch \
+  --with-requirements tests/requirements.txt --split 60M "$WORK/cuda-kit"
+phase "make the CUDA kit ($(du -sh "$WORK/cuda-kit" | cut -f1), $(ls "$WORK/cuda-kit/parts" | wc -l) parts)"
+step "a venv with torch 2.11.0 already in it, as a GPU image has (network)"
+TORCH=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$WORK/cuda-kit/kit.json")
+"$PY" -m venv "$WORK/cuda-venv"
+"$WORK/cuda-venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH"
+phase "the image's torch $TORCH (network)"
+step "CUDA kit: install with no network"
+offline bash "$WORK/cuda-kit/install.sh" "$WORK/cuda-venv"
+phase "install the CUDA kit, no network"
+step "CUDA kit: import vllm, vllm --version, vllm.fork.info, pytest tests/gpu with no network"
+SRC=$WORK/cuda-venv/vllm-fork-src
+offline "$WORK/cuda-venv/bin/python" -c 'import vllm; print("import vllm:", vllm.__version__)'
+offline "$WORK/cuda-venv/bin/vllm" --version
+offline "$WORK/cuda-venv/bin/python" -m vllm.fork.info
+(cd "$SRC" && offline "$WORK/cuda-venv/bin/python" -m pytest -ra -p no:cacheprovider tests/gpu)
+phase "CUDA kit checks (tests/gpu skip without a GPU), no network"
+rm -rf "$WORK/cuda-venv"
+echo
+echo "offline kits: both installed and ran with no network; kits in $WORK"
