@@ -2,14 +2,14 @@
 # Proof that the offline kits are complete: make a CPU and a CUDA kit of this
 # checkout for Python 3.12, each split into 60 MiB parts, and install and run
 # each with no network at all (`unshare -n`: a network namespace without
-# interfaces, so a dependency missing from a kit fails here, not on the box).
+# interfaces but loopback, so a dependency missing from a kit fails here, not on the box).
 #   bash tools/check_offline_kits.sh [WORK_DIR]      (default build/offline-kits)
 #   CPU kit (torch included):  install.sh, then tools/smoke_fork.py (DFlash + fp8 KV)
 #   CUDA kit (--use-system-torch, with tests/requirements.txt): into a venv that
 #     already has torch 2.11.0, as a GPU image does; then import vllm,
 #     vllm --version, python -m vllm.fork.info and pytest tests/gpu (its CUDA
 #     modules skip, each with its reason, on a machine without a GPU)
-# Needs root (or a user namespace) for `unshare -n`, Python 3.12 (PATH or
+# Needs root (or a user namespace) for `unshare -n`, `ip` (iproute2), Python 3.12 (PATH or
 # pyenv), network to make the kits, and ~25 GB of disk. Prints each phase's
 # time. CI: .github/workflows/offline-kit.yml.
 set -euo pipefail
@@ -22,15 +22,21 @@ if ! unshare -n true 2>/dev/null; then
   echo "check_offline_kits.sh: \`unshare -n\` does not work here: run as root (or in a container started with --network none, running the install steps by hand)" >&2
   exit 2
 fi
-PY=$(command -v "python$PY_VERSION" || ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$PY_VERSION"*/bin/python"$PY_VERSION" 2>/dev/null | head -1) || true
-[ -n "$PY" ] || { echo "check_offline_kits.sh: no Python $PY_VERSION (PATH or pyenv)" >&2; exit 2; }
+PY=""
+for candidate in "python$PY_VERSION" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$PY_VERSION"*/bin/python"$PY_VERSION"; do
+  # A pyenv shim is on PATH but fails unless that version is selected: take one that runs.
+  if "$candidate" -c 'import sys' >/dev/null 2>&1; then PY=$(command -v "$candidate"); break; fi
+done
+[ -n "$PY" ] || { echo "check_offline_kits.sh: no Python $PY_VERSION that runs (PATH or pyenv)" >&2; exit 2; }
 
 PHASES=()
 phase_start=$SECONDS
 phase() { PHASES+=("$(printf '%-58s %5ds' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
 report() { printf '\n==> phase times (total %ds)\n' "$SECONDS"; printf '    %s\n' "${PHASES[@]}"; }
 trap report EXIT
-offline() { unshare -n "$@"; }
+# No network but loopback, as on an air-gapped box (a new namespace's lo is down;
+# vLLM's workers meet over 127.0.0.1).
+offline() { unshare -n sh -c 'ip link set lo up && exec "$@"' offline "$@"; }
 step() { printf '\n==> %s\n' "$*"; }
 
 rm -rf "$WORK"

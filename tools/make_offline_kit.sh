@@ -51,7 +51,8 @@ find_python() {
   local v=$1 candidate
   if [ -z "$v" ]; then command -v python3; return; fi
   for candidate in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v"*/bin/python"$v"; do
-    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys' >/dev/null 2>&1; then
+    # A pyenv shim is on PATH but fails unless that version is selected: take one that runs.
+    if "$candidate" -c 'import sys' >/dev/null 2>&1; then
       command -v "$candidate"; return
     fi
   done

@@ -13,8 +13,9 @@
 # (0: no workers, one process). Arguments select tests as in pytest
 # (tools/run_tests.sh tests/kernels, -m "not slow", -k 0003, ...).
 # On a CPU with AVX-512 or AMX, a second pass runs the checks of the fp8 KV
-# path that AVX2-only CPUs take (the kernel tests, the fp8 e2e guards and the
-# necessity proofs of the patches they guard) with VLLM_FORK_TEST_NO_AVX512=1,
+# path that AVX2-only CPUs take (the kernel tests, the fp8 e2e guards and, when
+# the arguments name tests/necessity, the necessity proofs of the patches they
+# guard) with VLLM_FORK_TEST_NO_AVX512=1,
 # so that path is tested on every machine; on an AVX2-only CPU the first pass
 # already is that run. Each stage's time is printed at the end.
 # VLLM_FORK_REPORT_DIR=DIR writes a JUnit XML file per pass into DIR.
@@ -104,9 +105,18 @@ if "$VENV/bin/python" -c 'import sys, torch; sys.exit(not (torch.cpu._is_avx512_
   printf '\n==> again as on a CPU without AVX-512 or AMX (VLLM_FORK_TEST_NO_AVX512=1)\n'
   # The selected tests marked no_avx512_pass (tests/conftest.py says which);
   # a selection without any is no failure here.
+  # The necessity proofs of this pass rebuild the fork once per patch (about 4 minutes of
+  # both cores): they run when the arguments name tests/necessity (cpu.yml's necessity
+  # jobs do, one patch each), not in every commit's whole-suite run.
+  SECOND_ONLY=()
+  case " ${ARGS[*]:-} " in
+    *tests/necessity*) ;;
+    *) SECOND_ONLY=(--deselect tests/necessity/test_patches_are_needed.py)
+       echo "    (its necessity proofs: bash tools/run_tests.sh tests/necessity/test_patches_are_needed.py -k \"0001 or 0002 or 0003 or 0004 or 0005 or 0012\")" ;;
+  esac
   no_avx512=0
   VLLM_FORK_TEST_NO_AVX512=1 "${PYTEST[@]}" "${PARALLEL[@]}" $(junit no-avx512) \
-    "${SECOND_M[@]}" "${ARGS[@]}" || no_avx512=$?
+    "${SECOND_M[@]}" "${SECOND_ONLY[@]}" "${ARGS[@]}" || no_avx512=$?
   [ "$no_avx512" -ne 5 ] || no_avx512=0
   stage_done "as without AVX-512/AMX ($WORKERS workers)" "$([ "$no_avx512" -eq 0 ] && echo passed || echo FAILED)"
   [ "$status" -ne 0 ] || status=$no_avx512

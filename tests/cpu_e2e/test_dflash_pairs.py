@@ -64,15 +64,16 @@ def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 
     llm = e2e.start_dflash_fp8("dflash-full", full_pair)
-    changed = llm.collective_rpc(e2e.worker_repack_draft_linear_weights)[0]
+    changed, already = llm.collective_rpc(e2e.worker_repack_draft_linear_weights)[0]
     try:
         before = e2e.spec_metrics(llm)["vllm:spec_decode_num_drafts"]
         ids, _ = e2e.generate_ids(llm, max_tokens=16)
         drafts = e2e.spec_metrics(llm)["vllm:spec_decode_num_drafts"] - before
     finally:
         e2e.shutdown_llm()  # the drafter is altered: no later test may reuse it
-    print(f"\n[e2e] repacked {changed} draft linear layers; {drafts} drafts after that")
-    assert changed > 0
+    print(f"\n[e2e] repacked {changed} draft linear layers here, {already} by the base's own GEMM dispatch; "
+          f"{drafts} drafts after that")
+    assert changed + already > 0
     assert all(t == [FULL_TOKEN] * 16 for t in ids)
     assert drafts > 0
 
