@@ -5,7 +5,7 @@
 # interfaces but loopback, so a dependency missing from a kit fails here, not on the box).
 #   bash tools/check_offline_kits.sh [WORK_DIR]      (default build/offline-kits)
 #   CPU kit (torch included):  install.sh, then tools/smoke_fork.py (DFlash + fp8 KV)
-#   CUDA kit (--use-system-torch, with tests/requirements.txt): into a venv that
+#   CUDA kit (README's: --use-system-torch, the test and benchmark requirements): into a venv that
 #     already has torch 2.11.0, as a GPU image does; then import vllm,
 #     vllm --version (without a GPU it stops at inferring the device: that
 #     error, after its imports, is accepted), python -m vllm.fork.info and
@@ -54,9 +54,11 @@ step "CPU kit: DFlash + fp8 KV smoke test with no network"
 phase "smoke test (DFlash + fp8 KV), no network"
 rm -rf "$WORK/cpu-venv"
 
-step "CUDA kit: make (system torch, with the test requirements, 60 MiB parts)"
+step "CUDA kit: make (system torch, with the test and benchmark requirements, 60 MiB parts)"
+# The README's command, word for word but the directory.
 bash tools/make_offline_kit.sh --python "$PY_VERSION" --target cuda --use-system-torch \
-  --with-requirements tests/requirements.txt --split 60M "$WORK/cuda-kit"
+  --with-requirements tests/requirements.txt --with-requirements benchmarks/requirements.txt \
+  --split 60M "$WORK/cuda-kit"
 phase "make the CUDA kit ($(du -sh "$WORK/cuda-kit" | cut -f1), $(ls "$WORK/cuda-kit/parts" | wc -l) parts)"
 step "a venv with torch 2.11.0 already in it, as a GPU image has (network)"
 TORCH=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$WORK/cuda-kit/kit.json")
@@ -80,6 +82,7 @@ else
   exit 1
 fi
 offline "$WORK/cuda-venv/bin/python" -m vllm.fork.info
+offline "$WORK/cuda-venv/bin/python" -c 'import matplotlib, pytest, openai; print("benchmark plot and test requirements: importable")'
 (cd "$SRC" && offline "$WORK/cuda-venv/bin/python" -m pytest -ra -p no:cacheprovider tests/gpu)
 phase "CUDA kit checks (tests/gpu skip without a GPU), no network"
 rm -rf "$WORK/cuda-venv"
