@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from forkbuild import assemble, config  # noqa: E402
+from forkbuild import assemble, config, request  # noqa: E402
 from forkbuild.base import BaseWheelError  # noqa: E402
 from forkbuild.patching import PatchError  # noqa: E402
 
@@ -30,8 +30,7 @@ def _fail(exc: Exception):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     try:
-        cfg = config.load(ROOT)
-        wheel = assemble.build_wheel(cfg, cfg.target(), Path(wheel_directory))
+        wheel = assemble.build_wheel(request.resolve(ROOT), Path(wheel_directory))
     except _ERRORS as exc:
         _fail(exc)
     return wheel.name
@@ -39,13 +38,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     try:
-        cfg = config.load(ROOT)
-        target = cfg.target()
-        version = cfg.fork_version(target, config.skipped_patches())
-        text = assemble.metadata_text(cfg, target)
+        build = request.resolve(ROOT)
+        text = assemble.metadata_text(build)
     except _ERRORS as exc:
         _fail(exc)
-    dist_info = Path(metadata_directory) / f"vllm-{version}.dist-info"
+    dist_info = Path(metadata_directory) / f"vllm-{build.version}.dist-info"
     dist_info.mkdir(parents=True, exist_ok=True)
     (dist_info / "METADATA").write_text(text)
     return dist_info.name
@@ -83,10 +80,9 @@ def build_sdist(sdist_directory, config_settings=None):
     """An sdist for the target VLLM_TARGET_DEVICE names (default: cuda): its
     name carries that target's version, so it builds that target only."""
     try:
-        cfg = config.load(ROOT)
-        target = cfg.target()
-        version = cfg.fork_version(target)
-        pyproject = _sdist_pyproject(target.name)
+        build = request.resolve(ROOT, honour_skips=False)
+        cfg, version = build.config, build.version
+        pyproject = _sdist_pyproject(build.target.name)
     except _ERRORS as exc:
         _fail(exc)
     name = f"vllm-{version}"

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 from . import patching, wheelzip
 from .base import find_base_wheel
-from .config import ForkConfig, Target, skipped_patches
+from .config import ForkConfig, Target
+from .request import BuildRequest
 
 PACKAGE = "vllm"
 PROVENANCE_PATH = "vllm/_fork_provenance.json"
 VERSION_PATH = "vllm/_version.py"
+# The fork's own package: the only place the overlay (the repository's vllm/) may hold files.
+OVERLAY_PACKAGE = "vllm/fork/"
 
 
 class BuildError(Exception):
@@ -34,13 +39,24 @@ def overlay_files(config: ForkConfig) -> dict[str, bytes]:
     return files
 
 
-def select_patches(config: ForkConfig, skipped: tuple[str, ...]) -> list[patching.Patch]:
-    series = patching.read_series(config.patches_dir)
-    unknown = set(skipped) - {p.number for p in series}
-    if unknown:
-        raise BuildError(f"cannot skip unknown patches {sorted(unknown)}; the series has "
-                         f"{[p.number for p in series]}")
-    return [p for p in series if p.number not in skipped]
+def _check_overlay(overlay: dict[str, bytes], base_names: set[str], base_name: str,
+                   series: tuple[patching.Patch, ...]) -> None:
+    clashes = sorted(path for path in overlay if path in base_names)
+    if clashes:
+        raise BuildError(
+            f"overlay files already exist in the base {base_name}: {clashes}; "
+            "change a base file with a patch in patches/, not a copy in vllm/"
+        )
+    outside = sorted(path for path in overlay if not path.startswith(OVERLAY_PACKAGE))
+    if outside:
+        raise BuildError(
+            f"overlay files outside {OVERLAY_PACKAGE}: {outside}; the repository's vllm/ holds only the "
+            "fork's own package, a new module that a fix needs belongs in that fix's patch"
+        )
+    in_patches = sorted(fd.path for p in series for fd in p.files if fd.path.startswith(OVERLAY_PACKAGE))
+    if in_patches:
+        raise BuildError(f"patches change {in_patches}: {OVERLAY_PACKAGE} is the fork's own code, "
+                         "edit it in the repository's vllm/fork/")
 
 
 def _record_hash(data: bytes) -> str:
@@ -95,7 +111,7 @@ def _rewrite_metadata(metadata: str, config: ForkConfig, target: Target, version
     return "\n".join(lines) + "\n\n" + body
 
 
-def _version_module(version: str) -> bytes:
+def version_module(version: str) -> bytes:
     release, _, local = version.partition("+")
     parts = [int(p) for p in release.split(".")] + ([local] if local else [])
     return (
@@ -109,121 +125,140 @@ def _version_module(version: str) -> bytes:
     ).encode()
 
 
-def build_wheel(config: ForkConfig, target: Target, out_dir: Path) -> Path:
-    skipped = skipped_patches()
-    version = config.fork_version(target, skipped)
-    base_path = find_base_wheel(target)
-    patches = select_patches(config, skipped)
-    overlay = overlay_files(config)
+def provenance(request: BuildRequest, overlay: dict[str, bytes]) -> bytes:
+    target = request.target
+    provenance = {
+        "fork_version": request.version,
+        "target": target.name,
+        "base": {"dist": target.dist, "version": target.version,
+                 "filename": target.filename, "sha256": target.sha256},
+        "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
+                     "origin": p.fields.get("Origin", ""),
+                     "applied_upstream": p.fields.get("Applied-Upstream", "")}
+                    for p in request.kept_patches],
+        "skipped_patches": list(request.left_out),
+        "overlay": sorted(overlay),
+    }
+    return (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode()
 
-    archive, infos = wheelzip.read_members(base_path)
-    with archive:
-        base_dist_info = f"{target.dist.replace('-', '_')}-{target.version}.dist-info"
-        names = {info.filename for info in infos}
-        if f"{base_dist_info}/RECORD" not in names:
-            raise BuildError(f"{base_path.name}: no {base_dist_info}/RECORD; not the expected base")
-        record = {
-            row[0]: row for row in csv.reader(io.StringIO(archive.read(f"{base_dist_info}/RECORD").decode()))
-        }
 
-        clashes = sorted(path for path in overlay if path in names)
-        if clashes:
-            raise BuildError(
-                f"overlay files already exist in the base {base_path.name}: {clashes}; "
-                "change a base file with a patch in patches/, not a copy in vllm/"
-            )
+@dataclasses.dataclass
+class _Base:
+    """The opened base wheel: its members and its dist-info's RECORD rows."""
 
-        touched = sorted({fd.path for p in patches for fd in p.files})
-        files = {path: archive.read(path) for path in touched if path in names}
-        strict = not skipped
-        for patch in patches:
-            try:
-                files.update(patching.apply_patch(patch, files, strict=strict))
-            except patching.PatchError as exc:
-                raise BuildError(str(exc)) from exc
+    archive: zipfile.ZipFile
+    infos: list[zipfile.ZipInfo]
+    dist_info: str
+    record: dict[str, list[str]]
 
-        dist_info = f"{PACKAGE}-{version}.dist-info"
-        provenance = {
-            "fork_version": version,
-            "target": target.name,
-            "base": {"dist": target.dist, "version": target.version,
-                     "filename": target.filename, "sha256": target.sha256},
-            "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
-                         "origin": p.fields.get("Origin", ""),
-                         "applied_upstream": p.fields.get("Applied-Upstream", "")}
-                        for p in patches],
-            "skipped_patches": list(skipped),
-            "overlay": sorted(overlay),
-        }
-        generated = {
-            VERSION_PATH: _version_module(version),
-            PROVENANCE_PATH: (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode(),
-        }
-        replaced = {**files, **generated}
-        stamp = archive.getinfo(f"{PACKAGE}/__init__.py").date_time
+    @property
+    def names(self) -> set[str]:
+        return {info.filename for info in self.infos}
 
-        members: list[wheelzip.Member] = []
-        rows: list[list[str]] = []
-        for info in infos:
-            name = info.filename
-            if name.startswith(base_dist_info + "/"):
-                continue
-            if name in replaced:
-                data = replaced.pop(name)
-                members.append(wheelzip.new_member(name, data, info.date_time, (info.external_attr >> 16) & 0o777 or 0o644))
-                rows.append([name, _record_hash(data), str(len(data))])
-            else:
-                members.append(wheelzip.raw_member(archive, info))
-                rows.append(record.get(name, [name, "", ""]))
-        for name in sorted(set(replaced) | set(overlay)):
-            data = replaced.get(name, overlay.get(name))
-            members.append(wheelzip.new_member(name, data, stamp))
-            rows.append([name, _record_hash(data), str(len(data))])
 
-        for info in infos:
-            if not info.filename.startswith(base_dist_info + "/"):
-                continue
-            leaf = info.filename[len(base_dist_info) + 1:]
-            if leaf in ("RECORD", "WHEEL", "METADATA"):
-                continue
-            members.append(wheelzip.raw_member(archive, info, f"{dist_info}/{leaf}"))
-            rows.append([f"{dist_info}/{leaf}"] + record.get(info.filename, ["", "", ""])[1:])
-        metadata = _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), config, target, version)
-        wheel_meta = (
-            "Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\n"
-            f"Tag: {target.wheel_tag}\n"
-        )
-        for leaf, text in (("METADATA", metadata), ("WHEEL", wheel_meta)):
-            data = text.encode()
-            members.append(wheelzip.new_member(f"{dist_info}/{leaf}", data, stamp))
-            rows.append([f"{dist_info}/{leaf}", _record_hash(data), str(len(data))])
-        rows.append([f"{dist_info}/RECORD", "", ""])
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows(rows)
-        members.append(wheelzip.new_member(f"{dist_info}/RECORD", buffer.getvalue().encode(), stamp))
+def _open_base(path: Path, target: Target) -> _Base:
+    archive, infos = wheelzip.read_members(path)
+    dist_info = f"{target.dist.replace('-', '_')}-{target.version}.dist-info"
+    if f"{dist_info}/RECORD" not in {info.filename for info in infos}:
+        archive.close()
+        raise BuildError(f"{path.name}: no {dist_info}/RECORD; not the expected base")
+    rows = csv.reader(io.StringIO(archive.read(f"{dist_info}/RECORD").decode()))
+    return _Base(archive, infos, dist_info, {row[0]: row for row in rows})
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    wheel_name = f"{PACKAGE}-{version}-{target.wheel_tag}.whl"
-    fd, partial = tempfile.mkstemp(dir=out_dir, prefix=".partial-", suffix=".whl")
+
+def package_files(request: BuildRequest, base: _Base, base_name: str) -> dict[str, bytes]:
+    """Every file under vllm/ that the fork changes, adds or generates, with its bytes."""
+    overlay = overlay_files(request.config)
+    _check_overlay(overlay, base.names, base_name, request.series)
+    touched = sorted({fd.path for p in request.series for fd in p.files})
+    originals = {path: base.archive.read(path) for path in touched if path in base.names}
+    try:
+        patched = patching.apply_series(list(request.series), originals, request.left_out)
+    except patching.PatchError as exc:
+        raise BuildError(str(exc)) from exc
+    return {
+        **patched,
+        **overlay,
+        VERSION_PATH: version_module(request.version),
+        PROVENANCE_PATH: provenance(request, overlay),
+    }
+
+
+def _members(request: BuildRequest, base: _Base, files: dict[str, bytes]):
+    """The wheel's members and RECORD rows: the base's, with `files` in place."""
+    dist_info = f"{PACKAGE}-{request.version}.dist-info"
+    stamp = base.archive.getinfo(f"{PACKAGE}/__init__.py").date_time
+    pending = dict(files)
+    members: list[wheelzip.Member] = []
+    rows: list[list[str]] = []
+
+    def add(name: str, data: bytes, date_time=stamp, mode: int = 0o644) -> None:
+        members.append(wheelzip.new_member(name, data, date_time, mode))
+        rows.append([name, _record_hash(data), str(len(data))])
+
+    for info in base.infos:
+        name = info.filename
+        if name.startswith(base.dist_info + "/"):
+            continue
+        if name in pending:
+            add(name, pending.pop(name), info.date_time, (info.external_attr >> 16) & 0o777 or 0o644)
+        else:
+            members.append(wheelzip.raw_member(base.archive, info))
+            rows.append(base.record.get(name, [name, "", ""]))
+    for name in sorted(pending):
+        add(name, pending[name])
+
+    for info in base.infos:
+        leaf = info.filename[len(base.dist_info) + 1:]
+        if not info.filename.startswith(base.dist_info + "/") or leaf in ("RECORD", "WHEEL", "METADATA"):
+            continue
+        members.append(wheelzip.raw_member(base.archive, info, f"{dist_info}/{leaf}"))
+        rows.append([f"{dist_info}/{leaf}"] + base.record.get(info.filename, ["", "", ""])[1:])
+    target = request.target
+    metadata = _rewrite_metadata(base.archive.read(f"{base.dist_info}/METADATA").decode(),
+                                 request.config, target, request.version)
+    wheel_meta = (
+        "Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\n"
+        f"Tag: {target.wheel_tag}\n"
+    )
+    add(f"{dist_info}/METADATA", metadata.encode())
+    add(f"{dist_info}/WHEEL", wheel_meta.encode())
+    rows.append([f"{dist_info}/RECORD", "", ""])
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    members.append(wheelzip.new_member(f"{dist_info}/RECORD", buffer.getvalue().encode(), stamp))
+    return members
+
+
+def _write_atomically(members: list[wheelzip.Member], destination: Path) -> None:
+    """The zip appears at `destination` complete, or not at all."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=destination.parent, prefix=".partial-", suffix=".whl")
     os.close(fd)
     try:
         wheelzip.write_zip(Path(partial), members)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(partial, 0o666 & ~umask)
-        os.replace(partial, out_dir / wheel_name)
+        os.replace(partial, destination)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
-    return out_dir / wheel_name
 
 
-def metadata_text(config: ForkConfig, target: Target) -> str:
+def build_wheel(request: BuildRequest, out_dir: Path) -> Path:
+    base_path = find_base_wheel(request.target, request.base)
+    base = _open_base(base_path, request.target)
+    with base.archive:
+        members = _members(request, base, package_files(request, base, base_path.name))
+    wheel = out_dir / f"{PACKAGE}-{request.version}-{request.target.wheel_tag}.whl"
+    _write_atomically(members, wheel)
+    return wheel
+
+
+def metadata_text(request: BuildRequest) -> str:
     """The METADATA the wheel will carry (for prepare_metadata_for_build_wheel)."""
-    base_path = find_base_wheel(target)
-    version = config.fork_version(target, skipped_patches())
-    archive, _ = wheelzip.read_members(base_path)
-    with archive:
-        base_dist_info = f"{target.dist.replace('-', '_')}-{target.version}.dist-info"
-        return _rewrite_metadata(archive.read(f"{base_dist_info}/METADATA").decode(), config, target, version)
-
+    base = _open_base(find_base_wheel(request.target, request.base), request.target)
+    with base.archive:
+        metadata = base.archive.read(f"{base.dist_info}/METADATA").decode()
+    return _rewrite_metadata(metadata, request.config, request.target, request.version)

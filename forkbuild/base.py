@@ -8,6 +8,7 @@ nothing behind.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from .config import BASE_WHEEL_ENV, CACHE_DIR_ENV, OFFLINE_ENV, Target
@@ -35,10 +37,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_dir() -> Path:
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    if environ.get(CACHE_DIR_ENV):
+        return Path(environ[CACHE_DIR_ENV])
+    xdg = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "vllm-fork" / "bases"
 
 
@@ -57,24 +59,42 @@ def _log(message: str) -> None:
     print(f"vllm-fork: {message}", file=sys.stderr, flush=True)
 
 
-def find_base_wheel(target: Target) -> Path:
-    local = os.environ.get(BASE_WHEEL_ENV)
-    if local:
-        path = Path(local)
+@dataclasses.dataclass(frozen=True)
+class BaseSource:
+    """Where the pinned base may come from: a local file or directory, the
+    cache, and (unless offline) the index."""
+
+    local: str
+    cache: Path
+    offline: bool
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> BaseSource:
+        return cls(
+            local=environ.get(BASE_WHEEL_ENV, ""),
+            cache=cache_dir(environ),
+            offline=environ.get(OFFLINE_ENV, "") not in ("", "0"),
+        )
+
+
+def find_base_wheel(target: Target, source: BaseSource | None = None) -> Path:
+    source = source or BaseSource.from_environ()
+    if source.local:
+        path = Path(source.local)
         if path.is_dir():
             path = path / target.filename
         if not path.is_file():
             raise BaseWheelError(
-                f"{BASE_WHEEL_ENV}={local} does not hold {target.filename} "
+                f"{BASE_WHEEL_ENV}={source.local} does not hold {target.filename} "
                 f"(the pinned base for target {target.name!r})"
             )
         return _verify(path, target)
 
-    cached = cache_dir() / target.sha256 / target.filename
+    cached = source.cache / target.sha256 / target.filename
     if cached.is_file():
         return _verify(cached, target)
 
-    if os.environ.get(OFFLINE_ENV, "") not in ("", "0"):
+    if source.offline:
         raise BaseWheelError(
             f"offline build and no cached base: put {target.filename} "
             f"(sha256 {target.sha256}) in a directory and set {BASE_WHEEL_ENV} to it"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -61,9 +62,10 @@ class ForkConfig:
     def overlay_dir(self) -> Path:
         return self.root / "vllm"
 
-    def target(self, name: str | None = None) -> Target:
-        origin = "given" if name else f"from {TARGET_ENV}" if os.environ.get(TARGET_ENV) else "the default"
-        name = name or os.environ.get(TARGET_ENV) or self.default_target
+    def target(self, name: str | None = None, environ: Mapping[str, str] = os.environ) -> Target:
+        """`name`, else VLLM_TARGET_DEVICE, else the default target."""
+        origin = "given" if name else f"from {TARGET_ENV}" if environ.get(TARGET_ENV) else "the default"
+        name = name or environ.get(TARGET_ENV) or self.default_target
         if self.sdist_target and name != self.sdist_target:
             other = self.targets.get(name)
             raise ConfigError(
@@ -82,6 +84,7 @@ class ForkConfig:
         return self.targets[name]
 
     def fork_version(self, target: Target, skipped: tuple[str, ...] = ()) -> str:
+        """The one formula of the fork's version; a build gets it from its BuildRequest."""
         local = [part for part in (target.local_version,) if part]
         local += [self.version_prefix, str(self.release)]
         if skipped:
@@ -117,9 +120,3 @@ def load(root: Path | None = None) -> ForkConfig:
         requires_python=project.get("requires-python", ""),
         sdist_target=table.get("sdist-target", ""),
     )
-
-
-def skipped_patches() -> tuple[str, ...]:
-    """Patch numbers to leave out (only for proving that tests need them)."""
-    raw = os.environ.get(SKIP_PATCHES_ENV, "")
-    return tuple(sorted(part.strip() for part in raw.replace(",", " ").split() if part.strip()))

@@ -17,7 +17,6 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from forkbuild import config as fork_config  # noqa: E402
 

@@ -176,7 +176,7 @@ def test_check_does_not_mistake_other_code_for_the_backport(fork_repo, tmp_path,
 
 
 def test_python_change_present_compares_statements():
-    from forkbuild.samecode import python_change_present
+    from fork_maintainer.samecode import python_change_present
 
     old = b"def f(xs):\n    return [x for x in xs]\n"
     new = b"def f(xs):\n    return [(y, z) for y in xs for z in xs if y]  # pairs\n"

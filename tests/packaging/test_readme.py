@@ -10,9 +10,8 @@ import pytest
 
 from forkrepo import REPO
 
-sys.path.insert(0, str(REPO / "tools"))
 
-import fork  # noqa: E402
+from fork_maintainer.patch_table import patch_table, readme_with_table  # noqa: E402
 
 from forkbuild import config, patching  # noqa: E402
 from readme_blocks import bash_commands  # noqa: E402
@@ -20,8 +19,8 @@ from readme_blocks import bash_commands  # noqa: E402
 
 def test_readme_patch_table_matches_the_series():
     readme = (REPO / "README.md").read_text()
-    table = fork.patch_table(patching.read_series(config.load(REPO).patches_dir))
-    assert fork.readme_with_table(readme, table) == readme, (
+    table = patch_table(patching.read_series(config.load(REPO).patches_dir))
+    assert readme_with_table(readme, table) == readme, (
         "README.md's patch table is stale: run `python tools/fork.py patch-table --update-readme`"
     )
 

@@ -18,7 +18,7 @@ import pytest
 
 from forkrepo import REPO
 
-from forkbuild import assemble, config, patching
+from forkbuild import assemble, config, patching, request
 from forkbuild.base import find_base_wheel
 
 CFG = config.load(REPO)
@@ -79,7 +79,7 @@ def _b64(data: bytes) -> str:
 @pytest.mark.slow
 def test_cuda_wheel_contents_and_metadata(tmp_path):
     target = CFG.targets["cuda"]
-    wheel = assemble.build_wheel(CFG, target, tmp_path)
+    wheel = assemble.build_wheel(request.resolve(REPO, target.name), tmp_path)
     assert wheel.name == "vllm-0.21.0+dflashfp8.%d-cp38-abi3-manylinux_2_24_x86_64.whl" % CFG.release
     with zipfile.ZipFile(wheel) as zf, zipfile.ZipFile(find_base_wheel(target)) as base:
         dist = f"vllm-{CFG.fork_version(target)}.dist-info"

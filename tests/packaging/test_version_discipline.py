@@ -10,22 +10,20 @@ import sys
 
 from forkrepo import REPO
 
-sys.path.insert(0, str(REPO / "tools"))
-
-import fork  # noqa: E402
+from fork_maintainer.release_lock import LOCK_FILE, content_digest, read_lock  # noqa: E402
 
 from forkbuild import config  # noqa: E402
 
 
 def test_release_lock_matches_patches_and_overlay():
     cfg = config.load(REPO)
-    lock = fork.read_lock(cfg)
-    assert lock, f"{fork.LOCK_FILE} is missing: run `python tools/fork.py lock`"
+    lock = read_lock(cfg)
+    assert lock, f"{LOCK_FILE} is missing: run `python tools/fork.py lock`"
     assert lock["release"] == str(cfg.release), (
-        f"{fork.LOCK_FILE} locks release {lock['release']} but pyproject.toml says {cfg.release}: "
+        f"{LOCK_FILE} locks release {lock['release']} but pyproject.toml says {cfg.release}: "
         "run `python tools/fork.py lock`"
     )
-    assert lock["content"] == fork.content_digest(cfg), (
+    assert lock["content"] == content_digest(cfg), (
         "patches/ or vllm/ changed without a release bump: increase [tool.vllm-fork].release "
         "in pyproject.toml, then run `python tools/fork.py lock`"
     )
