@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from forkbuild import assemble, config, request  # noqa: E402
+from forkbuild import assemble, build_request, config  # noqa: E402
 from forkbuild.base import BaseWheelError  # noqa: E402
 from forkbuild.patching import PatchError  # noqa: E402
 
@@ -30,7 +30,7 @@ def _fail(exc: Exception):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     try:
-        wheel = assemble.build_wheel(request.resolve(ROOT), Path(wheel_directory))
+        wheel = assemble.build_wheel(build_request.resolve(ROOT), Path(wheel_directory))
     except _ERRORS as exc:
         _fail(exc)
     return wheel.name
@@ -38,7 +38,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     try:
-        build = request.resolve(ROOT)
+        build = build_request.resolve(ROOT)
         text = assemble.metadata_text(build)
     except _ERRORS as exc:
         _fail(exc)
@@ -80,7 +80,7 @@ def build_sdist(sdist_directory, config_settings=None):
     """An sdist for the target VLLM_TARGET_DEVICE names (default: cuda): its
     name carries that target's version, so it builds that target only."""
     try:
-        build = request.resolve(ROOT, honour_skips=False)
+        build = build_request.resolve(ROOT, honour_skips=False)
         cfg, version = build.config, build.version
         pyproject = _sdist_pyproject(build.target.name)
     except _ERRORS as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forkbuild import assemble, config, request  # noqa: E402
+from forkbuild import assemble, build_request, config  # noqa: E402
 from forkbuild.base import find_base_wheel  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.repeat):
                 start = time.perf_counter()
-                assemble.build_wheel(request.resolve(REPO, name), Path(tmp) / str(i))
+                assemble.build_wheel(build_request.resolve(REPO, name), Path(tmp) / str(i))
                 times.append(time.perf_counter() - start)
         build = statistics.median(times)
         naive = recompress_seconds(base)

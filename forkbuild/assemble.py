@@ -16,7 +16,7 @@ from pathlib import Path
 from . import patching, wheelzip
 from .base import find_base_wheel
 from .config import ForkConfig, Target
-from .request import BuildRequest
+from .build_request import BuildRequest
 
 PACKAGE = "vllm"
 PROVENANCE_PATH = "vllm/_fork_provenance.json"

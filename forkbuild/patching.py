@@ -13,6 +13,10 @@ kept patch lands is computed from where the left-out patches changed lines,
 never searched for; a kept hunk that touches lines a left-out patch changed
 depends on that patch, which its `Depends-On:` field must declare (the build
 then leaves the dependent out too, and says so in the version).
+
+Reports about another vLLM release (the maintainer's `check --against`) use
+apply_patch_to_other_release: a hunk may stand elsewhere there only where its
+whole context stands at exactly one place. Builds never use it.
 """
 
 from __future__ import annotations
@@ -250,6 +254,47 @@ def apply_patch(patch: Patch, files: dict[str, bytes]) -> dict[str, bytes]:
     """The files `patch` changes or adds, strictly applied to `files`
     (package-relative paths to bytes)."""
     return {fd.path: _apply_file(patch, fd, files.get(fd.path)) for fd in patch.files}
+
+
+def _unique_places(patch: Patch, fd: FileDiff, lines: list[bytes]) -> list[int]:
+    """Where each hunk's old lines stand in `lines`, when each stands at exactly one place, in order."""
+    starts: list[int] = []
+    lowest = 0
+    for hunk in fd.hunks:
+        size = len(hunk.old_lines)
+        places = [i for i in range(len(lines) - size + 1) if lines[i : i + size] == hunk.old_lines] if size else []
+        if len(places) != 1 or places[0] < lowest:
+            where = ("nowhere" if not places else f"at {len(places)} places" if len(places) > 1
+                     else "only before an earlier hunk")
+            raise PatchError(
+                f"patch {patch.name} does not apply: file {fd.path}, hunk '{hunk.header}': "
+                f"its context stands {where} in this file"
+            )
+        starts.append(places[0])
+        lowest = places[0] + size
+    return starts
+
+
+def apply_patch_to_other_release(patch: Patch, files: dict[str, bytes]) -> tuple[dict[str, bytes], bool]:
+    """`patch` applied to another release's `files`, for reports only; True when a hunk moved.
+
+    A file with the blob the patch was written against is applied strictly. In
+    another file a hunk may stand elsewhere, but only where its whole context
+    stands at exactly one place (no fuzz, no nearest-match guess); builds never
+    take this path.
+    """
+    out: dict[str, bytes] = {}
+    moved = False
+    for fd in patch.files:
+        current = files.get(fd.path)
+        if fd.is_new or current is None or _blob_matches(fd.old_blob, current):
+            out[fd.path] = _apply_file(patch, fd, current)
+            continue
+        lines = current.splitlines(keepends=True)
+        starts = _unique_places(patch, fd, lines)
+        moved = moved or starts != [_hunk_start(hunk) for hunk in fd.hunks]
+        out[fd.path] = b"".join(_splice(lines, fd, starts))
+    return out, moved
 
 
 @dataclasses.dataclass

@@ -38,7 +38,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forkbuild import assemble, config, patching, request  # noqa: E402
+from forkbuild import assemble, build_request, config, patching  # noqa: E402
 from guard_verdict import classify, run_guards, verdict  # noqa: E402
 from patch_guards import guard_files  # noqa: E402
 
@@ -50,7 +50,7 @@ SERIES = patching.read_series(CFG.patches_dir)
 @pytest.mark.parametrize("patch", SERIES, ids=[p.number for p in SERIES])
 def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, request):
     monkeypatch.setenv(config.SKIP_PATCHES_ENV, patch.number)
-    wheel = assemble.build_wheel(request.resolve(REPO, "cpu"), tmp_path / "wheel")
+    wheel = assemble.build_wheel(build_request.resolve(REPO, "cpu"), tmp_path / "wheel")
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)

@@ -18,7 +18,7 @@ import pytest
 
 from forkrepo import REPO
 
-from forkbuild import assemble, config, patching, request
+from forkbuild import assemble, build_request, config, patching
 from forkbuild.base import find_base_wheel
 
 CFG = config.load(REPO)
@@ -79,7 +79,7 @@ def _b64(data: bytes) -> str:
 @pytest.mark.slow
 def test_cuda_wheel_contents_and_metadata(tmp_path):
     target = CFG.targets["cuda"]
-    wheel = assemble.build_wheel(request.resolve(REPO, target.name), tmp_path)
+    wheel = assemble.build_wheel(build_request.resolve(REPO, target.name), tmp_path)
     assert wheel.name == "vllm-0.21.0+dflashfp8.%d-cp38-abi3-manylinux_2_24_x86_64.whl" % CFG.release
     with zipfile.ZipFile(wheel) as zf, zipfile.ZipFile(find_base_wheel(target)) as base:
         dist = f"vllm-{CFG.fork_version(target)}.dist-info"
@@ -97,8 +97,11 @@ def test_cuda_wheel_contents_and_metadata(tmp_path):
             if name.startswith("vllm-0.21.0.dist-info/") or name in patched or name == "vllm/_version.py":
                 continue
             assert zf.getinfo(name).CRC == info.CRC, name  # copied verbatim
-        for path in patched:
+        added = {fd.path for p in SERIES for fd in p.files if fd.is_new}
+        for path in patched - added:
             assert zf.read(path) != base.read(path), f"{path} should carry a patch"
+        for path in added:
+            assert path not in base.namelist() and zf.read(path), f"{path} should be added by a patch"
         assert zf.getinfo("vllm/_C.abi3.so").file_size == base.getinfo("vllm/_C.abi3.so").file_size
 
 

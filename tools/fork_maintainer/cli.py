@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forkbuild import config, patching, request
+from forkbuild import build_request, config, patching
 from forkbuild.base import BaseWheelError, find_base_wheel
 
 from . import patch_table, release_lock, upstream_check, wheel_diff, worktree
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cmd_unpack(args) -> None:
-    build = request.resolve(ROOT, args.target, honour_skips=False)
+    build = build_request.resolve(ROOT, args.target, honour_skips=False)
     count = worktree.unpack(build, Path(args.dir))
     print(f"{args.dir}: base {build.target.filename} + vllm/fork + {count} patches as commits")
 
@@ -42,7 +42,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_check(args) -> None:
-    build = request.resolve(ROOT, args.target, honour_skips=False)
+    build = build_request.resolve(ROOT, args.target, honour_skips=False)
     source = Path(args.against)
     if not source.exists():
         if os.sep in args.against or args.against.endswith((".whl", ".tar.gz")):

@@ -1,7 +1,9 @@
 """Where each patch stands against another vLLM release: applies, already in upstream, or conflicts.
 
-Applying uses the build's strict applier (forkbuild.patching): a patch
-applies only to the very file it was written against. Whether a change is
+Applying uses the build's applier (forkbuild.patching): strictly to the very
+file a patch was written against, and to another release's file only where
+each hunk's whole context stands at exactly one place ("applies with
+offsets"); nothing is fuzzed or guessed. Whether a change is
 already upstream is a search, not an application: its hunks reverse-apply
 somewhere in the file, each run of its added lines is there verbatim, or,
 for Python, the statements it changes are there (see samecode).
@@ -80,7 +82,7 @@ class PatchStatus:
 def check_series(
     patches: list[patching.Patch], files: dict[str, bytes], base: dict[str, bytes] | None = None
 ) -> list[PatchStatus]:
-    """Status of each patch against `files`, applying (strictly) the ones that apply.
+    """Status of each patch against `files`, applying the ones that apply.
 
     `base` (the pinned base's files) lets a restyled upstream version of a
     patch's Python change count as already in upstream.
@@ -93,8 +95,9 @@ def check_series(
             report.append(PatchStatus(patch.name, "already in upstream"))
         else:
             try:
-                files.update(patching.apply_patch(patch, files))
-                report.append(PatchStatus(patch.name, "applies"))
+                changed, moved = patching.apply_patch_to_other_release(patch, files)
+                files.update(changed)
+                report.append(PatchStatus(patch.name, "applies with offsets" if moved else "applies"))
             except patching.PatchError as exc:
                 report.append(PatchStatus(patch.name, f"conflicts: {exc}"))
         if base is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from forkbuild import assemble, patching
 from forkbuild.base import find_base_wheel
-from forkbuild.request import BuildRequest
+from forkbuild.build_request import BuildRequest
 
 from .sources import source_files
 
