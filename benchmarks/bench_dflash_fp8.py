@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
-from vllm_server import VllmServer, vllm_cli  # noqa: E402
+from vllm_server import VllmServer, info_labels, vllm_cli  # noqa: E402
 
 CONFIGS = [("nospec", "auto"), ("nospec", "fp8"), ("dflash", "auto"), ("dflash", "fp8")]
 KEEP = [
@@ -53,17 +53,6 @@ KEEP = [
     "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
     "spec_decode_per_position_acceptance_rates",
 ]
-
-
-def info_labels(metrics_text: str, name: str) -> dict[str, str]:
-    """Labels of an info metric (e.g. vllm:cache_config_info) from /metrics text."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if name in (s.name, family.name):
-                return dict(s.labels)
-    return {}
 
 
 def kv_capacity(srv: VllmServer) -> dict:

@@ -31,7 +31,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 

@@ -1,12 +1,14 @@
-"""DFlash + (fp8) KV cache on the CPU backend, end to end (tests 1-4).
+"""DFlash + (fp8) KV cache on the CPU backend, end to end: draft-layer KV dtype,
+KV capacity, int32 query starts, and greedy outputs against target-only.
 
 For every KV dtype the CPU supports, one target-only engine produces the
 reference outputs and is shut down; then one DFlash engine (target + drafter)
 serves all the checks for that dtype. These engines run in bf16, where
-greedy DFlash may part from target-only at a numerical near-tie: test 4
-compares them by vLLM's near-tie rule (tests/support/lossless.py). Exact
-equality is checked in float32 (test 4b: auto KV here; fp8 KV under load in
-tests/serve_load, whose server and reference run in float32).
+greedy DFlash may part from target-only at a numerical near-tie:
+test_greedy_dflash_is_lossless compares them by vLLM's near-tie rule
+(tests/support/lossless.py). Exact equality is checked in float32
+(test_greedy_dflash_is_exact_in_float32_auto_kv: auto KV here; fp8 KV under
+load in tests/serve_load, whose server and reference run in float32).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from draft_counts import DraftCounts
 import dflash_e2e as e2e
 import lossless
 
@@ -77,7 +80,6 @@ def dflash(kv_dtype, partial_pair):
     }
 
 
-# 1 -----------------------------------------------------------------------
 @guarded_on_fp8("0001")
 def test_draft_layers_follow_kv_cache_dtype(kv_dtype, dflash):
     layers = dflash["state"]["layers"]
@@ -95,7 +97,6 @@ def test_draft_layers_follow_kv_cache_dtype(kv_dtype, dflash):
         assert s["tensor_dtype"] == expected, (name, s)
 
 
-# 2 -----------------------------------------------------------------------
 @guarded_on_fp8("0001")
 def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
     """At equal VLLM_CPU_KVCACHE_SPACE, num blocks = space / bytes per block
@@ -117,7 +118,6 @@ def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
-# 3 -----------------------------------------------------------------------
 @guarded_on_fp8("0001")
 def test_drafter_query_start_loc_is_int32(kv_dtype, dflash):
     qsl = dflash["qsl"]
@@ -130,14 +130,12 @@ def test_drafter_query_start_loc_is_int32(kv_dtype, dflash):
         assert dev_dtype == "torch.int32"
 
 
-# 4 -----------------------------------------------------------------------
 def test_greedy_dflash_is_lossless(kv_dtype, dflash, reference, measurements):
     """bf16: DFlash equals target-only, or parts at a near-tie (each token in
     the other's top-k, margin <= lossless.MARGIN_THRESHOLD nats)."""
     m = dflash["metrics"]
-    drafts = m.get("vllm:spec_decode_num_drafts", 0)
-    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
-    mal = 1 + accepted / drafts if drafts else float("nan")
+    counts = DraftCounts.read(m)
+    drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements[f"mean acceptance length partial kv={kv_dtype}"] = round(mal, 3)
     print(f"\n[e2e] kv={kv_dtype}: {len(e2e.PROMPTS)} prompts x {e2e.MAX_TOKENS} tokens, "
           f"drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}, "
@@ -150,7 +148,6 @@ def test_greedy_dflash_is_lossless(kv_dtype, dflash, reference, measurements):
     assert report.ok, report.explain()
 
 
-# 4b ----------------------------------------------------------------------
 # auto only: two more engines per KV dtype would be too many for 2 cores; fp8
 # KV is checked exactly in float32 by tests/serve_load (its server against
 # its target-only reference engine, under load).
@@ -172,9 +169,8 @@ def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
     before = e2e.spec_metrics(llm)
     got, _ = e2e.generate_ids(llm, prompts)
     after = e2e.spec_metrics(llm)
-    drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
-    accepted = (after["vllm:spec_decode_num_accepted_tokens"]
-                - before.get("vllm:spec_decode_num_accepted_tokens", 0))
+    counts = DraftCounts.between(before, after)
+    drafts, accepted = counts.drafts, counts.accepted
     report = lossless.compare_all(keys, got, want, dtype="float32")
     measurements["lossless float32 kv=auto (trained pair)"] = {
         **report.summary(), "drafts": drafts, "accepted": accepted}

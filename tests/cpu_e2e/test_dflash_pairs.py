@@ -1,13 +1,14 @@
-"""Full-acceptance pair (test 5) and a drafter with KV-cache scales (1b)."""
+"""A full-acceptance pair (every draft accepted) and a drafter whose fp8
+KV cache has scales of its own (they must reach the draft attention)."""
 
 from __future__ import annotations
 
 import pytest
 
+from draft_counts import DraftCounts
 import dflash_e2e as e2e
 
 
-# 5 -----------------------------------------------------------------------
 # Not 0003: where the base keeps plain F.linear (AVX2 builds) the unpatched
 # draft attention works; the test below guards 0003 on every CPU.
 @pytest.mark.needs_patch("0002", "0004", "0005")
@@ -17,10 +18,9 @@ def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     llm = e2e.start_dflash_fp8("dflash-full", full_pair)
     ids, _ = e2e.generate_ids(llm)
     m = e2e.spec_metrics(llm)
-    drafts = m["vllm:spec_decode_num_drafts"]
-    draft_tokens = m["vllm:spec_decode_num_draft_tokens"]
-    accepted = m["vllm:spec_decode_num_accepted_tokens"]
-    mal = 1 + accepted / drafts
+    counts = DraftCounts.read(m)
+    drafts, draft_tokens, accepted = counts.drafts, counts.draft_tokens, counts.accepted
+    mal = counts.mean_acceptance_length
     measurements["mean acceptance length full pair kv=fp8"] = mal
     print(f"\n[e2e] full pair: drafts {drafts}, draft tokens {draft_tokens}, accepted {accepted}, "
           f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, "
@@ -78,7 +78,6 @@ def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     assert drafts > 0
 
 
-# 1b ----------------------------------------------------------------------
 @pytest.mark.needs_patch("0001")
 def test_draft_kv_scales_reach_draft_attention(kv_scales_pair, measurements):
     """The drafter declares an fp8 quantization config (all linear layers

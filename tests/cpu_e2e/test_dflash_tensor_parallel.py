@@ -25,6 +25,7 @@ import time
 import pytest
 
 import dflash_e2e as e2e
+from draft_counts import DraftCounts
 import parallel_workers
 from vllm_server import VllmServer
 
@@ -135,9 +136,8 @@ def test_tp2_drafter_gets_its_target_layers(dflash_fp8_tp2, measurements):
     """The drafter was trained on the outputs of its target_layer_ids: fed
     those on every rank, nearly every draft is accepted."""
     m = dflash_fp8_tp2["metrics"]
-    drafts = m.get("vllm:spec_decode_num_drafts", 0)
-    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
-    mal = 1 + accepted / drafts if drafts else 1.0
+    counts = DraftCounts.read(m)
+    drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements["TP=2 DFlash fp8 mean acceptance length (text pair)"] = round(mal, 3)
     print(f"\n[tp] drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}")
     assert mal >= MIN_MEAN_ACCEPTANCE_LENGTH, m
@@ -176,8 +176,8 @@ def test_full_acceptance_pair_reaches_k_plus_one_with_tp2(full_pair, measurement
 
     out = run(("dflash-full-tp2", "fp8"), full_pair, "fp8", dflash=True)
     m = out["metrics"]
-    drafts, accepted = m["vllm:spec_decode_num_drafts"], m["vllm:spec_decode_num_accepted_tokens"]
-    mal = 1 + accepted / drafts
+    counts = DraftCounts.read(m)
+    drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements["TP=2 full pair fp8 mean acceptance length"] = mal
     assert all(ids == [FULL_TOKEN] * MAX_TOKENS for ids in out["ids"])
     assert accepted == drafts * e2e.NUM_SPEC_TOKENS and mal == e2e.NUM_SPEC_TOKENS + 1

@@ -25,7 +25,7 @@ import textwrap
 import pytest
 
 from readme_blocks import block_with, commands
-from serve_load import acceptance_length
+from draft_counts import DraftCounts
 from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
 
 COMMAND_TIMEOUT_S = 300
@@ -127,9 +127,8 @@ def test_curl_answer_and_acceptance(server, quickstart, measurements):
                                    for c in commands(block_with("bash", "curl -s"))]
     answer = json.loads(_run(completion_cmd, quickstart["dir"]).stdout)["choices"][0]["text"]
     counters = parse_metrics(_run(metrics_cmd, quickstart["dir"]).stdout)
-    drafts = counters.get("vllm:spec_decode_num_drafts_total", 0.0)
-    accepted = counters.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    mean_len = acceptance_length({}, counters) or 1.0
+    counts = DraftCounts.read(counters)
+    drafts, accepted, mean_len = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements["README quickstart: mean acceptance length after one 64-token request"] = {
         "drafts": drafts, "accepted": accepted, "mean_acceptance_length": round(mean_len, 2)}
     print(f"\n[quickstart] curl: {answer!r}; drafts {drafts:.0f}, accepted {accepted:.0f}")

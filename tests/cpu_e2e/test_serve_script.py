@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve_load import acceptance_length
+from draft_counts import DraftCounts
 from vllm_server import (TAG_VAR, free_port, parse_metrics, still_running, tagged_processes,
                          vllm_dist_skip_reason)
 
@@ -88,7 +88,7 @@ def test_serve_script_answers_with_the_text_and_accepts_drafts(tmp_path, measure
         for p in left:
             p.kill()
     got = json.loads(answer)["choices"][0]["text"]
-    mean_len = acceptance_length({}, parse_metrics(metrics)) or 1.0
+    mean_len = DraftCounts.read(parse_metrics(metrics)).mean_acceptance_length
     measurements["tools/serve.sh (default pair)"] = {
         "ready_s": round(ready_s, 1), "mean_acceptance_length": round(mean_len, 2),
         "stopped_by_ctrl_c": code is not None}

@@ -71,7 +71,6 @@ def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False,
     return pytest.mark.parametrize("case", params)
 
 
-# 1 -----------------------------------------------------------------------
 @supported_cases(guard_fp8=("0001",))
 def test_draft_layers_follow_kv_cache_dtype(case, matrix):
     kv, backend, eager = case
@@ -90,7 +89,6 @@ def test_draft_layers_follow_kv_cache_dtype(case, matrix):
             assert s["tensor_dtype"] == "torch.bfloat16", (name, s)
 
 
-# 2 -----------------------------------------------------------------------
 @supported_cases(guard_fp8=("0001",))
 def test_kv_capacity_follows_kv_dtype(case, matrix, partial_pair, measurements):
     """At equal kv_cache_memory_bytes, blocks = memory / bytes per block over
@@ -125,7 +123,6 @@ def test_kv_capacity_ratio_fp8_over_auto(case, matrix, measurements):
     assert 1.95 <= ratio <= 2.05
 
 
-# 3 -----------------------------------------------------------------------
 @supported_cases(guard_fp8=("0001",))
 def test_drafter_query_start_loc_is_int32(case, matrix):
     kv, backend, eager = case
@@ -137,7 +134,6 @@ def test_drafter_query_start_loc_is_int32(case, matrix):
         assert dev_dtype == "torch.int32"
 
 
-# 4 -----------------------------------------------------------------------
 @supported_cases(deep=True)
 def test_greedy_dflash_is_lossless(case, matrix, measurements):
     kv, backend, eager = case
@@ -158,7 +154,6 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
     assert report.exact, report.explain()
 
 
-# 5 -----------------------------------------------------------------------
 @supported_cases(deep=True, eager_only=gpu_e2e.matrix_mode() == "quick")
 def test_full_acceptance_pair_accepts_every_draft(case, matrix, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN

@@ -4,7 +4,6 @@ example is the current release, its `vllm serve` commands parse."""
 from __future__ import annotations
 
 import shlex
-import sys
 
 import pytest
 

@@ -111,13 +111,32 @@ def test_series_round_trips_through_the_maintainer_tool(tmp_path):
     out = tmp_path / "exported"
     out.mkdir()
     tool = [sys.executable, str(REPO / "tools" / "fork.py")]
+    overlay_out = tmp_path / "overlay"
+    overlay_out.mkdir()
     subprocess.run(tool + ["unpack", str(tree), "--target", "cpu"], check=True, capture_output=True)
-    subprocess.run(tool + ["export", str(tree), "--to", str(out)], check=True, capture_output=True)
+    subprocess.run(tool + ["export", str(tree), "--to", str(out), "--overlay-to", str(overlay_out)],
+                   check=True, capture_output=True)
     for path in list(CFG.patches_dir.glob("*.patch")) + [CFG.patches_dir / "series"]:
         assert (out / path.name).read_bytes() == path.read_bytes(), f"{path.name} does not round-trip"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         p.name for p in CFG.patches_dir.iterdir() if p.suffix == ".patch" or p.name == "series"
     )
+    own = sorted(p.relative_to(CFG.overlay_dir) for p in (CFG.overlay_dir / "fork").rglob("*.py"))
+    assert own and own == sorted(p.relative_to(overlay_out) for p in (overlay_out / "fork").rglob("*.py"))
+    for rel in own:
+        assert (overlay_out / rel).read_bytes() == (CFG.overlay_dir / rel).read_bytes(), rel
+
+    # The unpacked tree is the wheel: each of its files under vllm/ has the
+    # wheel's bytes, and the wheel's vllm/ has no source file the tree lacks.
+    wheel = assemble.build_wheel(build_request.resolve(REPO, "cpu"), tmp_path / "wheel")
+    tree_files = {p.relative_to(tree).as_posix(): p for p in (tree / "vllm").rglob("*") if p.is_file()}
+    with zipfile.ZipFile(wheel) as zf:
+        in_wheel = {n for n in zf.namelist() if n.startswith("vllm/")}
+        assert set(tree_files) <= in_wheel, sorted(set(tree_files) - in_wheel)[:5]
+        differ = [n for n, p in tree_files.items() if zf.read(n) != p.read_bytes()]
+        assert not differ, differ[:5]
+        sources = {n for n in in_wheel if n.endswith(".py")}
+        assert sources <= set(tree_files), sorted(sources - set(tree_files))[:5]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ who upgrade would silently keep the old patches.
 
 from __future__ import annotations
 
-import sys
 
 from forkrepo import REPO
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import pytest
 
 import dflash_e2e as e2e
-import serve_load as sl
+import serve_workload as workload
 from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 
 
 @pytest.fixture(scope="session")
 def load_jobs():
-    return sl.load_jobs()
+    return workload.load_jobs()
 
 
 @pytest.fixture(scope="session")
@@ -31,13 +31,13 @@ def references(trained_pair, load_jobs):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, _ = trained_pair
-    llm = e2e.start_llm(("serve-load-target", sl.MODEL_DTYPE, sl.KV_DTYPE), model=target,
-                        dtype=sl.MODEL_DTYPE, kv_cache_dtype=sl.KV_DTYPE,
-                        max_model_len=sl.MAX_MODEL_LEN)
+    llm = e2e.start_llm(("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE), model=target,
+                        dtype=workload.MODEL_DTYPE, kv_cache_dtype=workload.KV_DTYPE,
+                        max_model_len=workload.MAX_MODEL_LEN)
     try:
-        refs = sl.reference_outputs(
-            llm, [*load_jobs, sl.FOLLOW_UP, *sl.BOUNDARY_JOBS, *sl.SHUTDOWN_JOBS,
-                  *sl.ABANDONED_JOBS])
+        refs = workload.reference_outputs(
+            llm, [*load_jobs, workload.FOLLOW_UP, *workload.BOUNDARY_JOBS, *workload.SHUTDOWN_JOBS,
+                  *workload.ABANDONED_JOBS])
     finally:
         e2e.shutdown_llm()
     return refs
@@ -46,8 +46,8 @@ def references(trained_pair, load_jobs):
 @pytest.fixture(scope="session")
 def server(trained_pair, tmp_path_factory):
     target, draft = trained_pair
-    srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(draft)),
-                     tmp_path_factory.mktemp("serve-load") / "server.log", env=sl.SERVER_ENV)
+    srv = VllmServer(target, workload.server_args(e2e.dflash_spec_config(draft)),
+                     tmp_path_factory.mktemp("serve-load") / "server.log", env=workload.SERVER_ENV)
     try:
         srv.start()
     except (ServerExited, TimeoutError) as e:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-import serve_load as sl
+import serve_workload as workload
 
 
 def _error(status: int, text: str) -> dict:
@@ -24,15 +24,15 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     """Run abandoned ``jobs`` next to ``healthy`` ones; return the outcomes
     of both after checking the engine let go of every abandoned request."""
     before = srv.metrics()
-    outs, wall = sl.run_jobs(srv.base, srv.model, [*jobs, *healthy],
+    outs, wall = workload.run_jobs(srv.base, srv.model, [*jobs, *healthy],
                              concurrency=len(jobs) + len(healthy), **run_kw)
-    after = sl.wait_idle(srv)
+    after = workload.wait_idle(srv)
     abandoned = {j.key for j in jobs}
     gone = [o for o in outs if o.job.key in abandoned and not o.ok]
     kept = [o for o in outs if o.job.key not in abandoned]
-    healthy_report, bad = sl.check(kept, references)
+    healthy_report, bad = workload.check(kept, references)
     # What an abandoned client did get is the start of the reference output.
-    prefixes = sl.check_prefixes([o for o in outs if o.job.key in abandoned and o.token_ids],
+    prefixes = workload.check_prefixes([o for o in outs if o.job.key in abandoned and o.token_ids],
                                  references)
     figures[scenario] = {
         "abandoned_sent": len(jobs), "abandoned": len(gone),
@@ -40,7 +40,7 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
         "healthy_sent": len(healthy), "healthy_completed": sum(o.ok for o in kept),
         **{f"healthy_{k}": v for k, v in healthy_report.summary().items()},
         **{f"abandoned_prefix_{k}": v for k, v in prefixes.summary().items() if k != "rule"},
-        "drafts_during": int(sl.delta(before, after, "vllm:spec_decode_num_drafts_total")),
+        "drafts_during": int(workload.delta(before, after, "vllm:spec_decode_num_drafts_total")),
         "wall_s": round(wall, 2),
     }
     print(f"\n[serve-load] {scenario}: {figures[scenario]}")
@@ -49,7 +49,7 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     assert after.get("vllm:num_requests_running", 0) == 0, after.get("vllm:num_requests_running")
     assert after.get("vllm:num_requests_waiting", 0) == 0, after.get("vllm:num_requests_waiting")
     assert after.get("vllm:kv_cache_usage_perc", 0) == 0, "KV blocks of abandoned requests leaked"
-    assert sl.delta(before, after, "vllm:spec_decode_num_drafts_total") > 0
+    assert workload.delta(before, after, "vllm:spec_decode_num_drafts_total") > 0
     assert prefixes.ok, f"partial outputs differ: {prefixes.explain()}"
     assert not bad, bad[:10]
     return outs
@@ -60,7 +60,7 @@ def test_clients_disconnecting_mid_stream_are_cancelled(live_server, load_jobs, 
     """Streaming clients (completions and chat) that drop the connection
     after a few chunks, while healthy requests share the batch."""
     srv = live_server
-    streams = [j for j in sl.ABANDONED_JOBS if j.stream]
+    streams = [j for j in workload.ABANDONED_JOBS if j.stream]
     disconnect = {j.key: 2 + i for i, j in enumerate(streams)}
     outs = _abandon(srv, references, figures, "disconnect mid-stream", streams, load_jobs[:8],
                     disconnect_after=disconnect)
@@ -68,30 +68,30 @@ def test_clients_disconnecting_mid_stream_are_cancelled(live_server, load_jobs, 
         if o.job.key in disconnect:
             assert o.status == 200 and o.error == "client disconnected on purpose", (o.status, o.error)
             assert o.chunks == disconnect[o.job.key]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 def test_requests_abandoned_while_drafting_are_aborted(live_server, references, figures):
     """Non-streaming clients that give up (client timeout) while their
     requests decode with drafts in flight."""
     srv = live_server
-    waiting = [j for j in sl.ABANDONED_JOBS if not j.stream]
+    waiting = [j for j in workload.ABANDONED_JOBS if not j.stream]
     outs = _abandon(srv, references, figures, "abort while drafting", waiting, [], timeout=0.5)
     for o in outs:
         if not o.ok:
             assert "Timeout" in o.error, o.error
         else:  # finished before the client gave up: then it must be right
-            assert not sl.problems(o, references[o.job.key])
-    sl.assert_still_serving(srv, references)
+            assert not workload.problems(o, references[o.job.key])
+    workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.parametrize("api, stream, prompt_len, max_tokens", [
-    ("completions", False, sl.MAX_MODEL_LEN, 1),  # at max_model_len: no room for a token
-    ("completions", True, sl.MAX_MODEL_LEN, 1),
-    ("completions", False, sl.MAX_MODEL_LEN + 44, 8),  # over
-    ("completions", False, sl.MAX_MODEL_LEN - 6, 7),  # prompt fits, prompt + max_tokens not
-    ("chat", False, sl.MAX_MODEL_LEN + 44, 4),
-    ("chat", True, sl.MAX_MODEL_LEN + 44, 4),
+    ("completions", False, workload.MAX_MODEL_LEN, 1),  # at max_model_len: no room for a token
+    ("completions", True, workload.MAX_MODEL_LEN, 1),
+    ("completions", False, workload.MAX_MODEL_LEN + 44, 8),  # over
+    ("completions", False, workload.MAX_MODEL_LEN - 6, 7),  # prompt fits, prompt + max_tokens not
+    ("chat", False, workload.MAX_MODEL_LEN + 44, 4),
+    ("chat", True, workload.MAX_MODEL_LEN + 44, 4),
 ])
 def test_prompt_at_or_over_max_model_len_is_refused(live_server, references, api, stream,
                                                     prompt_len, max_tokens):
@@ -105,20 +105,20 @@ def test_prompt_at_or_over_max_model_len_is_refused(live_server, references, api
                             body)
     assert status == 400, text[:500]
     err = _error(status, text)
-    assert f"maximum context length is {sl.MAX_MODEL_LEN} tokens" in err["message"], err
-    sl.assert_still_serving(srv, references)
+    assert f"maximum context length is {workload.MAX_MODEL_LEN} tokens" in err["message"], err
+    workload.assert_still_serving(srv, references)
 
 
 def test_prompt_plus_max_tokens_equal_to_max_model_len_is_served(live_server, references, figures):
     """The last position a request may reach; DFlash drafts past it must
     not change what the target emits."""
     srv = live_server
-    outs, _ = sl.run_jobs(srv.base, srv.model, sl.BOUNDARY_JOBS, concurrency=len(sl.BOUNDARY_JOBS))
-    report, bad = sl.check(outs, references)
+    outs, _ = workload.run_jobs(srv.base, srv.model, workload.BOUNDARY_JOBS, concurrency=len(workload.BOUNDARY_JOBS))
+    report, bad = workload.check(outs, references)
     figures["at max_model_len"] = {"sent": len(outs), "completed": sum(o.ok for o in outs),
                                    **report.summary()}
     assert not bad, bad
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
@@ -129,7 +129,7 @@ def test_malformed_json_is_a_400(live_server, references, path, raw):
     status, text = srv.post(path, raw)
     assert status == 400, text[:500]
     assert "JSON decode error" in _error(status, text)["message"]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.needs_patch("0008")
@@ -156,7 +156,7 @@ def test_json_that_is_not_an_object_is_a_400(live_server, references, path, raw)
     status, text = srv.post(path, raw)
     assert status == 400, text[:500]
     assert "expected a JSON object" in _error(status, text)["message"]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.parametrize("max_tokens", [0, -1])
@@ -164,12 +164,12 @@ def test_json_that_is_not_an_object_is_a_400(live_server, references, path, raw)
                                          ("chat", False), ("chat", True)])
 def test_max_tokens_below_one_is_a_400(live_server, references, max_tokens, api, stream):
     srv = live_server
-    job = sl.Job("max-tokens", api, stream, prompt=tuple(b"hello"),
+    job = workload.Job("max-tokens", api, stream, prompt=tuple(b"hello"),
                  messages=(("user", "hello"),), max_tokens=max_tokens)
     status, text = srv.post(job.path, job.body(srv.model))
     assert status == 400, text[:500]
     assert f"max_tokens must be at least 1, got {max_tokens}" in _error(status, text)["message"]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 # JSON as the server reads it allows NaN and Infinity literals (json.dumps
@@ -180,20 +180,20 @@ def test_max_tokens_below_one_is_a_400(live_server, references, max_tokens, api,
 def test_non_finite_sampling_parameter_is_a_400(live_server, references, name, value, api,
                                                 stream):
     srv = live_server
-    job = sl.Job("non-finite", api, stream, prompt=tuple(b"hello"),
+    job = workload.Job("non-finite", api, stream, prompt=tuple(b"hello"),
                  messages=(("user", "hello"),), max_tokens=4)
     status, text = srv.post(job.path, json.dumps({**job.body(srv.model), name: value}).encode())
     assert status == 400, text[:500]
     assert f"{name} must be a finite number" in _error(status, text)["message"]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.parametrize("api, stream", [("completions", False), ("chat", True)])
 def test_unknown_model_is_a_404(live_server, references, api, stream):
     srv = live_server
-    job = sl.Job("unknown-model", api, stream, prompt=tuple(b"hello"),
+    job = workload.Job("unknown-model", api, stream, prompt=tuple(b"hello"),
                  messages=(("user", "hello"),), max_tokens=4)
     status, text = srv.post(job.path, job.body("no-such-model"))
     assert status == 404, text[:500]
     assert "The model `no-such-model` does not exist." in _error(status, text)["message"]
-    sl.assert_still_serving(srv, references)
+    workload.assert_still_serving(srv, references)

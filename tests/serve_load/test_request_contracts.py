@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import dflash_e2e as e2e
-import serve_load as sl
+import serve_workload as workload
 from stepwise_outputs import final_output, generate_in_steps
 
 FIRST_STOP_POSITION = 4  # leave the prefill's token and the first drafts alone
@@ -133,7 +133,7 @@ def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculatio
     wrong = []
     for case in stop_cases:
         choices, usage = _choices(client, "completions", stream, model=live_server.model,
-                                  prompt=list(case["job"].prompt), max_tokens=sl.LOAD_MAX_TOKENS,
+                                  prompt=list(case["job"].prompt), max_tokens=workload.LOAD_MAX_TOKENS,
                                   temperature=0.0, stop=[case["stop"]], logprobs=1)
         got = {k: choices[0][k] for k in ("text", "token_ids", "finish_reason", "stop_reason")}
         got.update(logprobs=len(choices[0]["logprobs"] or []), completion_tokens=usage)
@@ -143,7 +143,7 @@ def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculatio
         if got != want:
             wrong.append((case["job"].key, case["stop"],
                           {k: (got[k], want[k]) for k in want if got[k] != want[k]}))
-    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     figures[f"stop strings ({'stream' if stream else 'plain'})"] = {
         "cases": len(stop_cases), "wrong": len(wrong), "accepted_draft_tokens": accepted}
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
@@ -156,7 +156,7 @@ TEMPERATURE = 0.9
 
 def _sampled_token_ids(client, model: str, prompt: list[int], seed: int | None) -> tuple[int, ...]:
     choices, _usage = _choices(client, "completions", False, model=model, prompt=prompt,
-                               max_tokens=sl.LOAD_MAX_TOKENS, temperature=TEMPERATURE, seed=seed)
+                               max_tokens=workload.LOAD_MAX_TOKENS, temperature=TEMPERATURE, seed=seed)
     return tuple(choices[0]["token_ids"])
 
 
@@ -171,7 +171,7 @@ def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server
     seeds = [SEED, None, SEED]
     with ThreadPoolExecutor(len(seeds)) as pool:
         together = list(pool.map(lambda s: _sampled_token_ids(client, live_server.model, prompt, s), seeds))
-    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     seeded = alone + [ids for ids, s in zip(together, seeds) if s is not None]
     unseeded = [ids for ids, s in zip(together, seeds) if s is None]
     figures["seeded sampling"] = {
@@ -205,7 +205,7 @@ def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, train
         want = (ref[:max_tokens], "length", max_tokens)
         if got != want:
             wrong.append((max_tokens, got, want))
-    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     figures[f"max_tokens 1..{MAX_TOKENS_CASES[-1]} ({'stream' if stream else 'plain'})"] = {
         "cases": len(MAX_TOKENS_CASES), "wrong": len(wrong), "accepted_draft_tokens": accepted}
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
@@ -280,7 +280,7 @@ def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, reference
     # With return_token_ids the frontend returns the prompt as prompt_token_ids, not as text.
     echoed, _ = _choices(client, "completions", False, temperature=0.0, echo=True,
                          extra_body={"return_token_ids": False}, **{**common, "prompt": prompt_text})
-    accepted = sl.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
+    accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     problems = []
     g = greedy[0]
     if (g["token_ids"], g["text"], greedy_usage) != (ref["token_ids"], ref["text"], len(ref["token_ids"])):

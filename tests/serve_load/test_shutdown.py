@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import serve_load as sl
+import serve_workload as workload
 from vllm_server import shm_segments_of, unix_socket_files_of
 
 SHUTDOWN_BOUND_S = 60
@@ -33,8 +33,8 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     shm = shm_segments_of(tree)
     sockets = unix_socket_files_of(tree)
     outcomes: list = []
-    clients = threading.Thread(target=lambda: outcomes.extend(sl.run_jobs(
-        srv.base, srv.model, sl.SHUTDOWN_JOBS, concurrency=len(sl.SHUTDOWN_JOBS), timeout=120)[0]))
+    clients = threading.Thread(target=lambda: outcomes.extend(workload.run_jobs(
+        srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS), timeout=120)[0]))
     before = srv.metrics()
     clients.start()
     # SIGTERM while requests are decoding.
@@ -44,7 +44,7 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
         # Any request decoding is enough: on 2 busy cores the /metrics poll can
         # miss the moment all MAX_NUM_SEQS run together.
         if (m.get("vllm:num_requests_running", 0) >= 1
-                and sl.delta(before, m, "vllm:generation_tokens_total") > 0):
+                and workload.delta(before, m, "vllm:generation_tokens_total") > 0):
             break
         assert clients.is_alive(), "the load finished before SIGTERM could be sent"
         assert time.monotonic() < deadline, "the load never started decoding"
@@ -58,10 +58,10 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     completed = [o for o in outcomes if o.ok and o.finish_reason == "length"]
     cut = [o for o in outcomes if o.ok and o.finish_reason == "abort"]
     failed = [o for o in outcomes if not o.ok]
-    report, bad = sl.check(completed, references)
-    prefixes = sl.check_prefixes(cut, references)
+    report, bad = workload.check(completed, references)
+    prefixes = workload.check_prefixes(cut, references)
     figures["sigterm under load"] = {
-        "sent": len(sl.SHUTDOWN_JOBS), "completed": len(completed),
+        "sent": len(workload.SHUTDOWN_JOBS), "completed": len(completed),
         "finish_reason_abort": len(cut), "errors": len(failed), "exit_code": code,
         "exit_s": round(seconds, 2), "processes": len(tree), "shm_segments": len(shm),
         "processes_left": len(leftovers), "shm_left": len(shm_left),
@@ -80,7 +80,7 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
         f"still exist: {sockets_left}")
     assert code == 0, f"exit code {code} after SIGTERM:\n{srv.log_tail()}"
     assert not clients.is_alive(), "a client still waits on the stopped server"
-    assert len(outcomes) == len(sl.SHUTDOWN_JOBS)
+    assert len(outcomes) == len(workload.SHUTDOWN_JOBS)
     # Every request ends visibly: complete and equal to the reference, or
     # cut short with finish_reason "abort" (vLLM aborts in-flight requests
     # at shutdown) and a prefix of the reference, or an error.

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import dflash_e2e as e2e
-import serve_load as sl
+import serve_workload as workload
 from vllm_server import VllmServer, vllm_dist_skip_reason
 
 # A hang detector: a refused config takes ~10-15 s (the CLI's imports).
@@ -45,8 +45,8 @@ def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pai
         # tests/engine/test_dflash_config_errors.py has the other DFlash config mistakes.
         "target-as-draft": (_spec(draft, model=target), "is not a DFlash drafter"),
     }[case]
-    srv = VllmServer(target, sl.server_args(None) + ["--speculative-config", spec],
-                     tmp_path / "server.log", env=sl.SERVER_ENV).spawn()
+    srv = VllmServer(target, workload.server_args(None) + ["--speculative-config", spec],
+                     tmp_path / "server.log", env=workload.SERVER_ENV).spawn()
     code, leftovers, temp_left = _wait_for_exit(srv)
     log = srv.log_tail(20000)
     figures[f"invalid speculative config: {case}"] = {"exit_code": code, "temp_files_left": len(temp_left)}
@@ -68,8 +68,8 @@ def test_engine_start_up_failure_leaves_nothing_behind(partial_pair, tmp_path, f
     shutil.copytree(draft, broken)
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(weights.read_bytes()[:64])
-    srv = VllmServer(target, sl.server_args(e2e.dflash_spec_config(str(broken))),
-                     tmp_path / "server.log", env=sl.SERVER_ENV).spawn()
+    srv = VllmServer(target, workload.server_args(e2e.dflash_spec_config(str(broken))),
+                     tmp_path / "server.log", env=workload.SERVER_ENV).spawn()
     code, leftovers, temp_left = _wait_for_exit(srv)
     log = srv.log_tail(20000)
     figures["engine start-up failure"] = {"exit_code": code, "temp_files_left": len(temp_left)}

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import dflash_e2e as e2e
-import gpu_backends as gb
+from draft_counts import DraftCounts
 
 CUDA_SKIP_REASON = (
     "no CUDA device: torch.cuda.is_available() is False. tests/gpu runs DFlash with "
@@ -97,10 +97,9 @@ def pair_config(pair: tuple[str, str]) -> dict:
             for role, d in (("target", target), ("draft", draft))}
 
 
-def mean_acceptance(metrics: dict) -> tuple[float, int, int]:
-    drafts = metrics.get("vllm:spec_decode_num_drafts", 0)
-    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
-    return (1 + accepted / drafts if drafts else float("nan")), drafts, accepted
+def mean_acceptance(metrics: dict) -> tuple[float, float, float]:
+    counts = DraftCounts.read(metrics)
+    return counts.mean_acceptance_length, counts.drafts, counts.accepted
 
 
 class Matrix:

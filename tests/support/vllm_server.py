@@ -1,7 +1,7 @@
 """Start the real `vllm serve` CLI on 127.0.0.1 and talk to it.
 
-Shared by tests/cpu_e2e/test_readme_quickstart.py, tests/serve_load/ and
-benchmarks/bench_serve_load.py. The server runs in its own process session,
+Shared by the tests that serve (tests/cpu_e2e, tests/serve_load) and
+benchmarks/bench_dflash_fp8.py. The server runs in its own process session,
 so :meth:`VllmServer.stop` can always take down whatever it started, even
 after a test failed half-way.
 """
@@ -18,11 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import uuid
-import urllib.request
 from pathlib import Path
 
+import httpx
 import psutil
 
 START_TIMEOUT_S = 300
@@ -60,30 +59,40 @@ def http(method: str, url: str, body: dict | bytes | None = None,
          timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, str]:
     """(status, body text); an HTTP error status is returned, not raised."""
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    r = httpx.request(method, url, content=data, timeout=timeout,
+                      headers={"Content-Type": "application/json"})
+    return r.status_code, r.text
+
+
+def _samples(text: str):
+    """(family name, sample) for each sample of a Prometheus /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield family.name, sample
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {metric name: value summed over its label sets},
     plus ``name{label=value}`` sums for each single label
     (e.g. ``vllm:request_success_total{finished_reason=length}``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-            for k, v in s.labels.items():
-                if k not in ("model_name", "engine"):
-                    key = f"{s.name}{{{k}={v}}}"
-                    out[key] = out.get(key, 0.0) + s.value
+    for _, s in _samples(text):
+        out[s.name] = out.get(s.name, 0.0) + s.value
+        for k, v in s.labels.items():
+            if k not in ("model_name", "engine"):
+                key = f"{s.name}{{{k}={v}}}"
+                out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of an info metric (e.g. vllm:cache_config_info) on a /metrics page."""
+    for family, s in _samples(text):
+        if name in (s.name, family):
+            return dict(s.labels)
+    return {}
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
@@ -205,7 +214,7 @@ class VllmServer:
             try:
                 if http("GET", self.base + "/health", timeout=5)[0] == 200:
                     break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            except (httpx.TransportError, OSError):
                 pass
             time.sleep(1)
         self.start_s = time.monotonic() - t0

@@ -1,6 +1,6 @@
 """Concurrent OpenAI-API clients for a `vllm serve` under test (httpx, asyncio).
 
-Used by tests/serve_load/ and benchmarks/bench_serve_load.py. A workload is a
+Used by tests/serve_load/. A workload is a
 list of :class:`Job` (completions or chat, streaming or not, greedy, fixed
 length); :func:`run_jobs` sends them with bounded concurrency and returns one
 :class:`Outcome` per job, with the generated token ids as the server
@@ -292,16 +292,7 @@ def wait_idle(server, timeout: float = 30) -> dict[str, float]:
         time.sleep(0.25)
 
 
-def acceptance_length(before: dict[str, float], after: dict[str, float]) -> float | None:
-    """Mean acceptance length (1 + accepted / drafts) between two /metrics reads."""
-    drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get(
-        "vllm:spec_decode_num_drafts_total", 0)
-    accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens_total", 0)
-    return 1 + accepted / drafts if drafts else None
-
-
-# -- the suite's server and workloads (tests/serve_load, benchmarks) ---------
+# -- the suite's server and workloads (tests/serve_load) ---------
 # The KV cache is tiny on purpose (--num-gpu-blocks-override, which the CPU
 # backend honours too): MAX_NUM_SEQS requests cannot all keep their blocks,
 # so the scheduler has to preempt (checked on /metrics). The same arguments
