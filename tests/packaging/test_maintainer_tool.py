@@ -81,6 +81,16 @@ def test_check_reports_each_status(fork_repo, tmp_path):
     assert "0002-qwen-line.patch     applies with offsets" in result.stdout
 
 
+def test_check_never_guesses_where_a_hunk_goes(fork_repo, tmp_path):
+    """In another release whose file holds a hunk's context twice, the patch
+    conflicts: the applier does not pick one of the places."""
+    _series(fork_repo)
+    twice = {PROPOSER: BASE_FILES[PROPOSER], QWEN: BASE_FILES[QWEN] + BASE_FILES[QWEN]}
+    result = run_tool(fork_repo, "check", "--against", str(_upstream(tmp_path, twice)))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "0002-qwen-line.patch     conflicts" in result.stdout and "at 2 places" in result.stdout
+
+
 def test_check_unknown_local_file_is_reported(fork_repo, tmp_path):
     target = fork_repo.config().targets["cpu"]
     wheel = make_base_wheel(tmp_path / "x" / target.filename, target)
