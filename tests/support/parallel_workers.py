@@ -12,6 +12,11 @@ runs slower than alone, the cores being shared). What must stay together does:
 - the necessity proofs are one unit per patch: each builds the fork without
   its patch and runs that patch's guards in a subprocess, independent of the
   rest, so they spread over the workers.
+- tests/cpu_e2e/test_dflash_kv.py is one unit per KV dtype (each dtype has
+  engines of its own) and one for its other tests: in the pass as without
+  AVX-512 it is nearly all there is, and one worker alone took it (147 s;
+  102 s split). test_dflash_layer_tap.py joins the latter unit after its
+  float32 check, whose DFlash engine it reuses (same key, same settings).
 
 vLLM's CPU worker binds its OpenMP threads to cores ("auto": all cores but
 one reserved); two engines started by two workers would both bind to the same
@@ -44,6 +49,13 @@ UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "necessity/test_patches
               "kernels/test_triton_noncausal_attention.py", "cpu_e2e", "gpu", "kernels")
 WHOLE_DIRECTORIES = ("serve_load",)
 ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
+# Files whose tests start engines of their own for each value of one
+# parameter: a unit per value, so two workers share the file (its tests
+# without that parameter stay one unit).
+ONE_UNIT_PER_PARAM = {"cpu_e2e/test_dflash_kv.py": "kv_dtype"}
+# A file whose tests reuse the engine another file's unit leaves running
+# joins that unit, after it.
+JOINS_UNIT_OF = {"cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py"}
 MEASURED_KEY = "measured_sections"
 
 
@@ -60,9 +72,15 @@ def unit_of(item: pytest.Item) -> str:
     top = rel.split("/", 1)[0]
     if top in WHOLE_DIRECTORIES:
         return top
+    callspec = getattr(item, "callspec", None)
+    if rel in JOINS_UNIT_OF:
+        return JOINS_UNIT_OF[rel]
     if rel in ONE_UNIT_PER_TEST:
-        callspec = getattr(item, "callspec", None)
         return f"{Path(rel).stem}-{callspec.id if callspec else item.name}"
+    param = ONE_UNIT_PER_PARAM.get(rel)
+    if param and callspec is not None and param in callspec.params:
+        # Not "[...]": xdist takes a node id that ends in "]" for one without a group.
+        return f"{rel}-{param}={callspec.params[param]}"
     return rel
 
 
