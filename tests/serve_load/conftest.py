@@ -3,7 +3,7 @@ for load, faults and shutdown; the target-only references are computed by
 an offline float32 engine when a test first needs them (a test that only
 needs the server, such as a necessity guard run alone, does not start it),
 and every output must be equal token for token (tests/support/lossless.py).
-Settings and workloads: tests/support/serve_load.py.
+Settings and workloads: tests/support/serve_workload.py.
 
 The pair is the trained one (vllm.fork.tiny_pairs): its target is a random,
 confident model (no near-ties for float32 numerics to flip) and its drafter
