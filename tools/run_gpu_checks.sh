@@ -8,6 +8,7 @@
 #   log.txt            fork info, nvidia-smi, pytest output, benchmark output (last 3000 lines)
 #   gpu_matrix.json    per backend x kv dtype case: outcome of every check + measurements
 #   bench/bench_dflash_fp8.json, bench/bench_dflash_fp8.png (plot if matplotlib installed)
+#   bench/raw.tar.gz   each `vllm bench serve` result and server log of the benchmark
 #   summary.md         phase and per-module times, the tables, for the CI job summary
 # Env: VLLM_FORK_KIT (install from this offline kit, tools/make_offline_kit.sh,
 # instead of building; nothing is fetched), VLLM_FORK_VENV (default .venv-cuda), VLLM_FORK_GPU_MATRIX (quick|full,
@@ -91,7 +92,8 @@ times = collections.Counter()
 for case in ET.parse(sys.argv[1]).iter("testcase"):
     times[case.get("classname", "?").rsplit(".", 1)[0]] += float(case.get("time") or 0)
 for module, seconds in times.most_common():
-    print(f"  {module:<38} {seconds:6.0f}s")
+    if module != "?" and module:
+        print(f"  {module:<38} {seconds:6.0f}s")
 PY
   echo '```'
   echo
@@ -100,8 +102,23 @@ PY
   sed -n '/^== KV capacity/,$p' "$REPORT/bench.txt" || true
   echo '```'
 } >"$REPORT/summary.md"
-# The report is brought back from the GPU box: keep the log's tail.
+# The report is brought back from the GPU box: keep the log's tail, put the benchmark's
+# raw results and server logs into one archive and drop bench.txt (log.txt has it), so
+# the report is at most 7 files.
 tail -n 3000 "$LOG" >"$LOG.tail" && mv "$LOG.tail" "$LOG"
+rm -f "$REPORT/bench.txt"
+if [ -d "$REPORT/bench" ]; then
+  (
+    cd "$REPORT/bench"
+    shopt -s nullglob
+    loose=(server-*.log)
+    if [ -d raw ]; then loose+=(raw); fi
+    if [ "${#loose[@]}" -gt 0 ]; then
+      tar -czf raw.tar.gz "${loose[@]}" && rm -rf "${loose[@]}" \
+        || echo "could not archive the benchmark's raw results: left as they are" | tee -a "$LOG"
+    fi
+  )
+fi
 note "done: $REPORT"
 if [ "$tests_status" -ne 0 ]; then exit "$tests_status"; fi
 exit "$bench_status"
