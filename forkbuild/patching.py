@@ -256,13 +256,19 @@ def apply_patch(patch: Patch, files: dict[str, bytes]) -> dict[str, bytes]:
     return {fd.path: _apply_file(patch, fd, files.get(fd.path)) for fd in patch.files}
 
 
+def places_of(run: list[bytes], lines: list[bytes]) -> list[int]:
+    """Every index at which `run` stands in `lines`, line for line."""
+    size = len(run)
+    return [i for i in range(len(lines) - size + 1) if lines[i : i + size] == run]
+
+
 def _unique_places(patch: Patch, fd: FileDiff, lines: list[bytes]) -> list[int]:
     """Where each hunk's old lines stand in `lines`, when each stands at exactly one place, in order."""
     starts: list[int] = []
     lowest = 0
     for hunk in fd.hunks:
         size = len(hunk.old_lines)
-        places = [i for i in range(len(lines) - size + 1) if lines[i : i + size] == hunk.old_lines] if size else []
+        places = places_of(hunk.old_lines, lines) if size else []
         if len(places) != 1 or places[0] < lowest:
             where = ("nowhere" if not places else f"at {len(places)} places" if len(places) > 1
                      else "only before an earlier hunk")

@@ -18,24 +18,15 @@ from forkbuild import patching
 from . import samecode
 
 
-def _reverse_applies_somewhere(hunk: patching.Hunk, lines: list[bytes]) -> bool:
-    """The hunk's post-image (context and added lines) appears in `lines`."""
-    size = len(hunk.new_lines)
-    return size == 0 or any(lines[i : i + size] == hunk.new_lines for i in range(len(lines) - size + 1))
-
-
-def _contains_run(lines: list[bytes], run: list[bytes]) -> bool:
-    return any(lines[i : i + len(run)] == run for i in range(len(lines) - len(run) + 1))
-
-
 def _hunks_present(fd: patching.FileDiff, content: bytes) -> bool:
     lines = content.splitlines(keepends=True)
     stripped = [line.rstrip() for line in content.splitlines()]
     for hunk in fd.hunks:
-        if _reverse_applies_somewhere(hunk, lines):
+        # The hunk's post-image (context and added lines) is there.
+        if not hunk.new_lines or patching.places_of(hunk.new_lines, lines):
             continue
         if not hunk.added_runs or not all(
-            _contains_run(stripped, [line.rstrip() for line in run]) for run in hunk.added_runs
+            patching.places_of([line.rstrip() for line in run], stripped) for run in hunk.added_runs
         ):
             return False
     return True
