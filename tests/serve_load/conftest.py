@@ -31,8 +31,8 @@ def references(trained_pair, load_jobs):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, _ = trained_pair
-    llm = e2e.start_llm(("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE), model=target,
-                        dtype=workload.MODEL_DTYPE, kv_cache_dtype=workload.KV_DTYPE,
+    llm = e2e.start_llm(("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE),
+                        model=target, dtype=workload.MODEL_DTYPE, kv_cache_dtype=workload.KV_DTYPE,
                         max_model_len=workload.MAX_MODEL_LEN)
     try:
         refs = workload.reference_outputs(

@@ -113,7 +113,8 @@ def test_prompt_plus_max_tokens_equal_to_max_model_len_is_served(live_server, re
     """The last position a request may reach; DFlash drafts past it must
     not change what the target emits."""
     srv = live_server
-    outs, _ = workload.run_jobs(srv.base, srv.model, workload.BOUNDARY_JOBS, concurrency=len(workload.BOUNDARY_JOBS))
+    outs, _ = workload.run_jobs(srv.base, srv.model, workload.BOUNDARY_JOBS,
+                                concurrency=len(workload.BOUNDARY_JOBS))
     report, bad = workload.check(outs, references)
     figures["at max_model_len"] = {"sent": len(outs), "completed": sum(o.ok for o in outs),
                                    **report.summary()}

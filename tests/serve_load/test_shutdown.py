@@ -34,7 +34,8 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     sockets = unix_socket_files_of(tree)
     outcomes: list = []
     clients = threading.Thread(target=lambda: outcomes.extend(workload.run_jobs(
-        srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS), timeout=120)[0]))
+        srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS),
+        timeout=120)[0]))
     before = srv.metrics()
     clients.start()
     # SIGTERM while requests are decoding.
