@@ -170,3 +170,27 @@ def test_cpu_expand_matches_triton_kernel_interpreted(triton_kernel):
         triton_kernel[grid](**case["inputs"], **want, BLOCK_SIZE=block)
         _assert_same(got, want, f"case {i}")
     print(f"\n[e2e] torch copy_and_expand_dflash_inputs == Triton kernel (interpreter) on {len(CASES)} random cases")
+
+
+def _with_mrope_positions(case):
+    """The case as an M-RoPE target (Qwen3.5/3.6, Qwen-VL) passes it: positions
+    as rows (temporal, height, width) of the runner's ``[3, max_tokens]``
+    buffer, sliced to the batch's tokens (not contiguous). Text tokens have
+    equal rows; the other rows differ here so that reading the wrong row shows."""
+    flat = case["inputs"]["target_positions_ptr"]
+    buffer = torch.full((3, flat.numel() + 5), -1, dtype=flat.dtype)
+    buffer[0, : flat.numel()] = flat
+    buffer[1, : flat.numel()] = flat + 1000
+    buffer[2, : flat.numel()] = flat + 2000
+    return {**case, "inputs": {**case["inputs"], "target_positions_ptr": buffer[:, : flat.numel()]}}
+
+
+@pytest.mark.needs_patch("0004")
+def test_cpu_expand_reads_the_temporal_row_of_mrope_positions():
+    """M-RoPE targets: the drafter's positions are the temporal row, which is
+    what the Triton kernel reads (the first elements of the positions buffer)."""
+    for i, case in enumerate(CASES[:20]):
+        got, want = _clone_outputs(case), _clone_outputs(case)
+        _run_cpu(_with_mrope_positions(case), got)
+        _python_reference(case, want)
+        _assert_same(got, want, f"M-RoPE case {i}")
