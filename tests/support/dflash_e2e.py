@@ -107,12 +107,30 @@ def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
     those (VLLM_FORK_TEST_PAIR_CACHE, else ~/.cache/vllm-fork/tiny-pairs) and
     shared by every process of a run -- the trained pair costs 10-30 s of
     training on 2 cores, and the necessity proofs' subprocesses need it too.
-    Written into a temporary directory and renamed into place, so no process
-    ever sees half a pair. Tests must not write into it (copy it first)."""
+    Tests must not write into it (copy it first)."""
     import vllm.fork.tiny_pairs as tiny_pairs
 
     spec = json.dumps({"acceptance": acceptance, "seed": 0, **kw}, sort_keys=True, default=str)
-    digest = hashlib.sha256(Path(tiny_pairs.__file__).read_bytes() + torch.__version__.encode()
+    return _cached_pair(name, [tiny_pairs.__file__], spec,
+                        lambda out: tiny_pairs.ensure_pair(out, acceptance, seed=0, **kw))
+
+
+def make_family_pair(family: str) -> tuple[str, str]:
+    """A target of ``family`` (vllm.fork.tiny_families) and a DFlash drafter
+    trained against it, cached as :func:`make_pair` caches its pairs."""
+    import vllm.fork.tiny_families as tiny_families
+    import vllm.fork.tiny_pairs as tiny_pairs
+
+    return _cached_pair(f"family-{family}", [tiny_families.__file__, tiny_pairs.__file__],
+                        json.dumps({"family": family, "seed": 0}),
+                        lambda out: tiny_families.ensure_family_pair(out, family, seed=0))
+
+
+def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[str, str]:
+    """``generate(dir)`` written into a temporary directory and renamed into
+    place under a key of ``sources``, torch's version and ``spec``, so no
+    process ever sees half a pair."""
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources) + torch.__version__.encode()
                             + spec.encode()).hexdigest()[:16]
     root = _pair_cache_root()
     final = root / f"{name}-{digest}"
@@ -120,7 +138,7 @@ def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
         root.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
-            tiny_pairs.ensure_pair(partial, acceptance, seed=0, **kw)
+            generate(partial)
             os.replace(partial, final)
         except OSError:
             if not final.is_dir():  # not another process that won the race

@@ -17,6 +17,8 @@ runs slower than alone, the cores being shared). What must stay together does:
   AVX-512 it is nearly all there is, and one worker alone took it (147 s;
   102 s split). test_dflash_layer_tap.py joins the latter unit after its
   float32 check, whose DFlash engine it reuses (same key, same settings).
+- tests/cpu_e2e/test_dflash_families.py is one unit per target family (two
+  engines each), for the same reason.
 
 vLLM's CPU worker binds its OpenMP threads to cores ("auto": all cores but
 one reserved); two engines started by two workers would both bind to the same
@@ -25,7 +27,7 @@ core. Each xdist worker gives its engines a core of their own instead
 there are more workers than cores.
 
 Units are handed out longest first (serve_load, the KV-dtype engines of
-cpu_e2e, the necessity proofs, then the other files; measured on 2 cores),
+cpu_e2e, the target families' engines, the necessity proofs, then the other files; measured on 2 cores),
 so no worker is left with a long unit at the end;
 that takes --no-loadscope-reorder (tools/run_tests.sh passes it), as xdist
 otherwise orders units by their number of tests.
@@ -45,14 +47,15 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 
 # Longest units first; a file or directory not listed comes after them.
-UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "necessity/test_patches_are_needed.py",
+UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "cpu_e2e/test_dflash_families.py",
+              "necessity/test_patches_are_needed.py",
               "kernels/test_triton_noncausal_attention.py", "cpu_e2e", "gpu", "kernels")
 WHOLE_DIRECTORIES = ("serve_load",)
 ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
 # Files whose tests start engines of their own for each value of one
 # parameter: a unit per value, so two workers share the file (its tests
 # without that parameter stay one unit).
-ONE_UNIT_PER_PARAM = {"cpu_e2e/test_dflash_kv.py": "kv_dtype"}
+ONE_UNIT_PER_PARAM = {"cpu_e2e/test_dflash_kv.py": "kv_dtype", "cpu_e2e/test_dflash_families.py": "family"}
 # A file whose tests reuse the engine another file's unit leaves running
 # joins that unit, after it.
 JOINS_UNIT_OF = {"cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py"}

@@ -1,0 +1,107 @@
+"""DFlash + fp8 KV cache behind the target families users serve, on the CPU backend.
+
+For each family of vllm.fork.tiny_families -- LLaMA, Qwen3-MoE, hybrid
+Qwen3.5 (gated delta net 3:1 with full attention, M-RoPE) and hybrid MoE
+Qwen3.5 (Qwen3.6-35B-A3B's layout) -- a tiny target shaped like the real one
+and a DFlash drafter trained against it, served in float32 with
+``--kv-cache-dtype fp8``:
+
+- every attention layer's cache, the drafter's included, is fp8;
+- greedy DFlash output equals target-only output token for token (float32:
+  no near-tie allowance), for a batch of 10 prompts on 8 sequence slots, some
+  prompts drafted well (the drafter's training prompts) and some not, so
+  verification steps accept everything, a part or nothing;
+- the trained drafter is accepted: mean acceptance length > 1.5.
+
+The hybrid MoE family runs in every commit's suite (it takes every new code
+path: M-RoPE positions, the gated-delta-net verification step, the CPU MoE
+fallback); the others run in the extended job, each family being two engine
+starts of its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from draft_counts import DraftCounts
+import dflash_e2e as e2e
+import lossless
+
+PER_COMMIT = ("qwen3_5_moe",)
+MAX_TOKENS = 64
+MIN_ACCEPTANCE_LENGTH = 1.5
+
+
+def _families():
+    from vllm.fork.tiny_families import FAMILIES
+
+    return [pytest.param(f, marks=() if f in PER_COMMIT else pytest.mark.extended) for f in FAMILIES]
+
+
+@pytest.fixture(scope="module", params=_families())
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def family_pair(family):
+    return e2e.make_family_pair(family)
+
+
+def _prompts() -> list:
+    from vllm.fork.tiny_pairs import trained_prompts
+
+    return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *e2e.PROMPTS]
+
+
+def _engine_args(family: str, target: str) -> dict:
+    from vllm.fork.tiny_families import serve_overrides
+
+    return dict(model=target, dtype="float32", kv_cache_dtype="fp8", **serve_overrides(family))
+
+
+@pytest.fixture(scope="module")
+def family_reference(family, family_pair):
+    """Target-only greedy outputs, fp8 KV, float32."""
+    target, _ = family_pair
+    llm = e2e.start_llm((f"family-{family}", "target"), **_engine_args(family, target))
+    ids, _ = e2e.generate_ids(llm, _prompts(), MAX_TOKENS)
+    e2e.shutdown_llm()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def family_dflash(family, family_pair):
+    target, draft = family_pair
+    llm = e2e.start_llm((f"family-{family}", "dflash"), **_engine_args(family, target),
+                        speculative_config=e2e.dflash_spec_config(draft))
+    ids, _ = e2e.generate_ids(llm, _prompts(), MAX_TOKENS)
+    return {"ids": ids, "metrics": e2e.spec_metrics(llm),
+            "state": llm.collective_rpc(e2e.worker_kv_state)[0]}
+
+
+def test_every_attention_layer_caches_fp8(family, family_dflash):
+    layers = family_dflash["state"]["layers"]
+    draft = {n: s for n, s in layers.items() if s["role"] == "draft"}
+    print(f"\n[e2e] {family}: " + ", ".join(f"{n}: {s['role']} {s['kv_cache_dtype']}/{s['tensor_dtype']}"
+                                         for n, s in sorted(layers.items())))
+    assert len(draft) == 2 and len(layers) > 2, sorted(layers)
+    for name, s in sorted(layers.items()):
+        assert (s["kv_cache_dtype"], s["impl_kv_cache_dtype"], s["tensor_dtype"]) == (
+            "fp8", "fp8", "torch.uint8"), (name, s)
+
+
+def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash, family_reference,
+                                                          measurements):
+    got, want = family_dflash["ids"], family_reference
+    keys = [f"prompt {i}" for i in range(len(want))]
+    report = lossless.compare_all(keys, got, want, dtype="float32")
+    counts = DraftCounts.read(family_dflash["metrics"])
+    measurements[f"family {family} (fp8 KV, float32)"] = {
+        **report.summary(), "drafts": counts.drafts, "accepted": counts.accepted,
+        "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+    print(f"\n[e2e] {family}: drafts {counts.drafts}, accepted {counts.accepted}, mean acceptance "
+          f"length {counts.mean_acceptance_length:.3f}; {report.explain()}")
+    assert all(len(ids) == MAX_TOKENS for ids in got)
+    assert report.ok and len(report.exact) == len(want), report.explain()
+    assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
