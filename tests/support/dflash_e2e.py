@@ -115,15 +115,17 @@ def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
                         lambda out: tiny_pairs.ensure_pair(out, acceptance, seed=0, **kw))
 
 
-def make_family_pair(family: str) -> tuple[str, str]:
+def make_family_pair(family: str, *, fp8_weights: bool = False) -> tuple[str, str]:
     """A target of ``family`` (vllm.fork.tiny_families) and a DFlash drafter
     trained against it, cached as :func:`make_pair` caches its pairs."""
     import vllm.fork.tiny_families as tiny_families
     import vllm.fork.tiny_pairs as tiny_pairs
 
-    return _cached_pair(f"family-{family}", [tiny_families.__file__, tiny_pairs.__file__],
-                        json.dumps({"family": family, "seed": 0}),
-                        lambda out: tiny_families.ensure_family_pair(out, family, seed=0))
+    name = f"family-{family}" + ("-fp8-weights" if fp8_weights else "")
+    return _cached_pair(name, [tiny_families.__file__, tiny_pairs.__file__],
+                        json.dumps({"family": family, "seed": 0, "fp8_weights": fp8_weights}),
+                        lambda out: tiny_families.ensure_family_pair(out, family, seed=0,
+                                                                     fp8_weights=fp8_weights))
 
 
 def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[str, str]:

@@ -58,7 +58,9 @@ ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
 ONE_UNIT_PER_PARAM = {"cpu_e2e/test_dflash_kv.py": "kv_dtype", "cpu_e2e/test_dflash_families.py": "family"}
 # A file whose tests reuse the engine another file's unit leaves running
 # joins that unit, after it.
-JOINS_UNIT_OF = {"cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py"}
+JOINS_UNIT_OF = {"cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py",
+                 # reads the hybrid MoE pair that unit generates
+                 "cpu_e2e/test_dflash_fp8_weight_target.py": "cpu_e2e/test_dflash_families.py-family=qwen3_5_moe"}
 MEASURED_KEY = "measured_sections"
 
 

@@ -25,6 +25,13 @@ in size:
     ``Qwen3_5MoeForConditionalGeneration`` (Qwen3.6-35B-A3B's layout): the
     hybrid layout above with MoE blocks (8 experts, top-2, a shared expert).
 
+``--fp8-weights`` stores the target's attention and MLP projections as FP8
+(e4m3) with one scale per 128x128 block, the format of the published FP8
+checkpoints (Qwen3.6-35B-A3B-FP8: ``quant_method: fp8``, ``weight_block_size:
+[128, 128]``, dynamic activation scales); embeddings, LM head, norms and the
+gated-delta-net layers stay unquantized, and so does the drafter. The drafter
+learns the continuations of the quantized target.
+
 The target is random (transformers' initializer, seeded), with embedding and
 LM head rows of standard deviation 1 so its greedy choices are clear-cut. The
 drafter is trained as tiny_pairs' ``trained`` drafter is: on the target's
@@ -238,7 +245,59 @@ def _train_drafter_against(target, seed: int) -> tuple[dict[str, torch.Tensor], 
     return trained, record
 
 
-def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0) -> tuple[str, str]:
+FP8_BLOCK = 128
+# Projections stored in FP8 with --fp8-weights (their weight names end so).
+# The quantization config of the published block-FP8 checkpoints.
+FP8_WEIGHT_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                           "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+FP8_WEIGHT_SUFFIXES = tuple(f"{m}.weight" for m in (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))
+
+
+def _fp8_block_quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, float32 scale per 128x128 block) with weight ~= fp8 * scale."""
+    rows, cols = weight.shape
+    blocks = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    padded = torch.zeros(blocks[0] * FP8_BLOCK, blocks[1] * FP8_BLOCK)
+    padded[:rows, :cols] = weight.float()
+    tiles = padded.view(blocks[0], FP8_BLOCK, blocks[1], FP8_BLOCK)
+    scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    q = (tiles / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q.view_as(padded)[:rows, :cols].contiguous(), scale
+
+
+def _store_fp8_weights(target, target_dir: Path) -> None:
+    """Rewrite the saved target with block-FP8 projections and make the model
+    in memory compute with exactly those weights (dequantized)."""
+    from safetensors.torch import load_file, save_file
+
+    path = target_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    params = dict(target.named_parameters())
+    quantized = []
+    for name in sorted(tensors):
+        if not name.endswith(FP8_WEIGHT_SUFFIXES) or tensors[name].dim() != 2:
+            continue
+        q, scale = _fp8_block_quantized(tensors[name])
+        tensors[name] = q
+        tensors[name.removesuffix("weight") + "weight_scale_inv"] = scale
+        rows, cols = q.shape
+        dequantized = (q.float().view(rows, cols) * scale.repeat_interleave(FP8_BLOCK, 0)[:rows]
+                       .repeat_interleave(FP8_BLOCK, 1)[:, :cols])
+        with torch.no_grad():
+            params[name].copy_(dequantized)
+        quantized.append(name)
+    if not quantized:
+        raise RuntimeError(f"no projection of {target_dir} matched {FP8_WEIGHT_SUFFIXES}")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    config = json.loads((target_dir / "config.json").read_text())
+    config["quantization_config"] = FP8_WEIGHT_QUANTIZATION
+    (target_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0, *,
+                         fp8_weights: bool = False) -> tuple[str, str]:
     """Write ``out_dir/target`` and ``out_dir/draft``; return their paths."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}: {family!r}")
@@ -253,6 +312,8 @@ def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0)
     target.config.architectures = [type(target).__name__]
     target.save_pretrained(str(target_dir))
     tp._write_tokenizer(target_dir)
+    if fp8_weights:
+        _store_fp8_weights(target, target_dir)
     _attend_as_fp8_kv_cache(target)
 
     weights, record = _train_drafter_against(target, seed)
@@ -264,23 +325,25 @@ def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0)
         "dflash_config": {"mask_token_id": tp.MASK_TOKEN, "target_layer_ids": list(tp.TARGET_LAYER_IDS)},
     })
     tp._save(draft_dir, dconf, weights, dtype=torch.float32)
-    (draft_dir / tp.TRAINING_RECORD).write_text(json.dumps({"family": family, **record}, indent=1) + "\n")
+    (draft_dir / tp.TRAINING_RECORD).write_text(
+        json.dumps({"family": family, "fp8_weights": fp8_weights, **record}, indent=1) + "\n")
     return str(target_dir), str(draft_dir)
 
 
-def _record(family: str, seed: int) -> dict:
+def _record(family: str, seed: int, fp8_weights: bool) -> dict:
     source = Path(__file__).read_bytes() + Path(tp.__file__).read_bytes()
     return {"generator_sha256": hashlib.sha256(source).hexdigest(), "torch": torch.__version__,
-            "family": family, "seed": seed}
+            "family": family, "seed": seed, "fp8_weights": fp8_weights}
 
 
-def ensure_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0) -> tuple[tuple[str, str], bool]:
+def ensure_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0, *,
+                       fp8_weights: bool = False) -> tuple[tuple[str, str], bool]:
     """The pair under ``out_dir`` and whether it was (re)generated: a pair
     whose record matches is kept; otherwise a new one is written beside it and
     swapped in, the record last, so a reader never sees half a pair."""
     out = Path(out_dir)
     paths = (str(out / "target"), str(out / "draft"))
-    want = _record(family, seed)
+    want = _record(family, seed, fp8_weights)
     record = out / RECORD
     try:
         if json.loads(record.read_text()) == want:
@@ -291,7 +354,7 @@ def ensure_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0) -
     record.unlink(missing_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        generate_family_pair(staging, family, seed)
+        generate_family_pair(staging, family, seed, fp8_weights=fp8_weights)
         for part in ("target", "draft"):
             shutil.rmtree(out / part, ignore_errors=True)
             os.replace(staging / part, out / part)
@@ -306,8 +369,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--family", choices=FAMILIES, required=True)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp8-weights", action="store_true",
+                    help="the target's projections in FP8 with 128x128 block scales")
     args = ap.parse_args(argv)
-    (t, d), written = ensure_family_pair(args.out, args.family, args.seed)
+    (t, d), written = ensure_family_pair(args.out, args.family, args.seed, fp8_weights=args.fp8_weights)
     print(f"target: {t}\ndraft:  {d}\n({'written' if written else 'up to date, kept'})")
     overrides = serve_overrides(args.family)
     if overrides:
