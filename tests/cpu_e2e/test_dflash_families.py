@@ -105,3 +105,47 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
+
+
+@pytest.mark.extended
+def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measurements):
+    """README "Which targets": its pair command (the suite's cached copy of
+    the same pair put in place first, so the command keeps it) and its `vllm
+    serve` command word for word, on a free port; the server answers the
+    drafter's training prompts with DFlash accepting most drafts."""
+    import json
+    import os
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    from readme_blocks import block_with, commands
+    from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
+
+    if reason := vllm_dist_skip_reason():
+        pytest.skip(reason)
+    shutil.copytree(os.path.dirname(e2e.make_family_pair("qwen3_5_moe")[0]), tmp_path / "fam")
+    generate, serve = commands(block_with("bash", "python -m vllm.fork.tiny_families"))
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run(["bash", "-c", generate], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "up to date, kept" in proc.stdout, (proc.returncode, proc.stdout,
+                                                                         proc.stderr[-3000:])
+    words = shlex.split(serve)
+    server_env = dict(w.split("=", 1) for w in words[:words.index("vllm")])
+    model, *args = words[words.index("serve") + 1:]
+    record = json.loads((tmp_path / "fam" / "draft" / "dflash_training.json").read_text())
+    with VllmServer(model, args, tmp_path / "server.log", env=server_env, cwd=tmp_path) as server:
+        for ids in record["prompt_token_ids"]:
+            status, text = server.post("/v1/completions", {
+                "model": server.model_id(), "prompt": ids, "max_tokens": MAX_TOKENS,
+                "temperature": 0.0, "ignore_eos": True})
+            assert status == 200, text
+            assert json.loads(text)["usage"]["completion_tokens"] == MAX_TOKENS, text
+        status, text = server.get("/metrics")
+        assert status == 200, text
+    counts = DraftCounts.read(parse_metrics(text))
+    measurements["README hybrid MoE vllm serve: mean acceptance length"] = round(
+        counts.mean_acceptance_length, 3)
+    assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts

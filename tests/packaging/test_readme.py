@@ -61,6 +61,8 @@ README_COMMANDS = {
     "bash tools/run_tests.sh": "tests/packaging/test_workflows.py::test_cpu_workflow_and_ci_run_use_the_readme_test_command",
     "vllm serve Qwen/": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser",
     "python -m vllm.fork.tiny_pairs ": "tests/cpu_e2e/test_readme_quickstart.py",
+    "python -m vllm.fork.tiny_families ": "tests/cpu_e2e/test_dflash_families.py::test_readme_family_commands_serve_the_hybrid_moe_target",
+    "VLLM_CPU_KVCACHE_SPACE=2 vllm serve fam/target ": "tests/cpu_e2e/test_dflash_families.py::test_readme_family_commands_serve_the_hybrid_moe_target",
     "VLLM_CPU_KVCACHE_SPACE=2 vllm serve pair/target ": "tests/cpu_e2e/test_readme_quickstart.py",
     "VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=": "tests/cpu_e2e/test_dflash_tensor_parallel.py::test_served_api_with_tp2",
     "curl -s http://127.0.0.1:8000/": "tests/cpu_e2e/test_readme_quickstart.py",
