@@ -115,7 +115,7 @@ NECESSITY_WITH_EXTENDED_ENV = "VLLM_FORK_NECESSITY_WITH_EXTENDED"
 NO_AVX512_PASS_FILES = ("kernels/test_cpu_torch_fp8_kv.py", "kernels/test_cpu_noncausal_attention.py",
                         "cpu_e2e/test_dflash_kv.py", "cpu_e2e/test_dflash_families.py")
 # The necessity proofs of the patches whose guards take the fp8 KV path.
-NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0004", "0005", "0012")
+NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0005", "0012")
 
 
 def _in_no_avx512_pass(item) -> bool:
