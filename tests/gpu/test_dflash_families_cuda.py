@@ -46,40 +46,15 @@ def family(request):
 
 
 @pytest.fixture(scope="module")
-def family_pair(family):
-    return e2e.make_family_pair(family)
-
-
-def _prompts() -> list:
-    from vllm.fork.tiny_pairs import trained_prompts
-
-    return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *e2e.PROMPTS]
-
-
-def _engine_args(family: str, target: str) -> dict:
-    from vllm.fork.tiny_families import serve_overrides
-
-    return dict(model=target, dtype="float32", kv_cache_dtype="fp8", gpu_memory_utilization=0.3,
-                **serve_overrides(family))
-
-
-@pytest.fixture(scope="module")
 def family_reference(family, family_pair):
-    target, _ = family_pair
-    llm = e2e.start_llm((f"cuda-family-{family}", "target"), **_engine_args(family, target))
-    ids, _ = e2e.generate_ids(llm, _prompts(), MAX_TOKENS)
-    e2e.shutdown_llm()
-    return ids
+    return e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS,
+                              gpu_memory_utilization=0.3)["ids"]
 
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    target, draft = family_pair
-    llm = e2e.start_llm((f"cuda-family-{family}", "dflash"), **_engine_args(family, target),
-                        speculative_config=e2e.dflash_spec_config(draft))
-    ids, _ = e2e.generate_ids(llm, _prompts(), MAX_TOKENS)
-    return {"ids": ids, "metrics": e2e.spec_metrics(llm),
-            "state": llm.collective_rpc(e2e.worker_kv_state)[0]}
+    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS,
+                              gpu_memory_utilization=0.3)
 
 
 def test_every_attention_layer_caches_fp8_cuda(family, family_dflash):

@@ -128,6 +128,34 @@ def make_family_pair(family: str, *, fp8_weights: bool = False) -> tuple[str, st
                                                                      fp8_weights=fp8_weights))
 
 
+def family_prompts() -> list:
+    """Prompts for a family pair: the drafter's training prompts (drafted
+    well) and PROMPTS (drafted poorly)."""
+    from vllm.fork.tiny_pairs import trained_prompts
+
+    return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *PROMPTS]
+
+
+def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_tokens: int,
+                   **engine_args) -> dict:
+    """Greedy ids of a family pair's target (float32, fp8 KV cache), with its
+    DFlash drafter or alone; with the drafter also its counters and KV state,
+    and the engine stays up. Alone, the engine is shut down."""
+    from vllm.fork.tiny_families import serve_overrides
+
+    target, draft = pair
+    if dflash:
+        engine_args["speculative_config"] = dflash_spec_config(draft)
+    llm = start_llm((f"family-{family}", "dflash" if dflash else "target"),
+                    model=target, dtype="float32", kv_cache_dtype="fp8", **serve_overrides(family),
+                    **engine_args)
+    ids, _ = generate_ids(llm, family_prompts(), max_tokens)
+    if not dflash:
+        shutdown_llm()
+        return {"ids": ids}
+    return {"ids": ids, "metrics": spec_metrics(llm), "state": llm.collective_rpc(worker_kv_state)[0]}
+
+
 def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[str, str]:
     """``generate(dir)`` written into a temporary directory and renamed into
     place under a key of ``sources``, torch's version and ``spec``, so no

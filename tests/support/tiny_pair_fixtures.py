@@ -46,3 +46,12 @@ def text_pair():
 @pytest.fixture(scope="session")
 def kv_scales_pair():
     return _make_pair("kvscales", "partial", draft_kv_scales=(0.5, 0.25))
+
+
+@pytest.fixture(scope="module")
+def family_pair(family):
+    """The pair of vllm.fork.tiny_families for the module's ``family``
+    fixture (a target family and a drafter trained against it)."""
+    import dflash_e2e as e2e
+
+    return e2e.make_family_pair(family)

@@ -47,8 +47,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -340,28 +338,11 @@ def ensure_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0, *
                        fp8_weights: bool = False) -> tuple[tuple[str, str], bool]:
     """The pair under ``out_dir`` and whether it was (re)generated: a pair
     whose record matches is kept; otherwise a new one is written beside it and
-    swapped in, the record last, so a reader never sees half a pair."""
-    out = Path(out_dir)
-    paths = (str(out / "target"), str(out / "draft"))
-    want = _record(family, seed, fp8_weights)
-    record = out / RECORD
-    try:
-        if json.loads(record.read_text()) == want:
-            return paths, False
-    except (OSError, ValueError):
-        pass
-    out.mkdir(parents=True, exist_ok=True)
-    record.unlink(missing_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        generate_family_pair(staging, family, seed, fp8_weights=fp8_weights)
-        for part in ("target", "draft"):
-            shutil.rmtree(out / part, ignore_errors=True)
-            os.replace(staging / part, out / part)
-        record.write_text(json.dumps(want, indent=1, sort_keys=True) + "\n")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return paths, True
+    swapped in, the record last, so a reader never sees half a pair
+    (:func:`vllm.fork.tiny_pairs.keep_or_generate`)."""
+    return tp.keep_or_generate(out_dir, _record(family, seed, fp8_weights),
+                               lambda staging: generate_family_pair(staging, family, seed,
+                                                                    fp8_weights=fp8_weights))
 
 
 def main(argv: list[str] | None = None) -> None:

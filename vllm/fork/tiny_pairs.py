@@ -503,9 +503,16 @@ def ensure_pair(
     last: an interrupted run leaves no record, so the next one regenerates.
     Nothing else in ``out_dir`` is touched.
     """
+    return keep_or_generate(
+        out_dir, _pair_record(acceptance, seed, draft_kv_scales),
+        lambda staging: generate_pair(staging, acceptance, seed, draft_kv_scales=draft_kv_scales))
+
+
+def keep_or_generate(out_dir: str | os.PathLike, want: dict, generate) -> tuple[tuple[str, str], bool]:
+    """``out_dir``'s pair, kept when its record equals ``want``, else made by
+    ``generate(staging_dir)`` and swapped in as :func:`ensure_pair` says."""
     out = Path(out_dir)
     paths = (str(out / "target"), str(out / "draft"))
-    want = _pair_record(acceptance, seed, draft_kv_scales)
     record = out / PAIR_RECORD
     try:
         if json.loads(record.read_text()) == want:
@@ -516,7 +523,7 @@ def ensure_pair(
     record.unlink(missing_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        generate_pair(staging, acceptance, seed, draft_kv_scales=draft_kv_scales)
+        generate(staging)
         for part in ("target", "draft"):
             shutil.rmtree(out / part, ignore_errors=True)
             os.replace(staging / part, out / part)
