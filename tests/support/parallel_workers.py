@@ -26,9 +26,8 @@ core. Each xdist worker gives its engines a core of their own instead
 (VLLM_CPU_OMP_THREADS_BIND, unless the caller set it), or no binding when
 there are more workers than cores.
 
-Units are handed out longest first (serve_load, the README quickstart, which
-trains the text pair on a fresh machine, the KV-dtype engines of cpu_e2e, the
-target families' engines, the necessity proofs, then the other files; measured on 2 cores),
+Units are handed out longest first (serve_load, the KV-dtype engines of
+cpu_e2e, the target families' engines, the necessity proofs, then the other files; measured on 2 cores),
 so no worker is left with a long unit at the end;
 that takes --no-loadscope-reorder (tools/run_tests.sh passes it), as xdist
 otherwise orders units by their number of tests.
@@ -48,8 +47,7 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 
 # Longest units first; a file or directory not listed comes after them.
-UNIT_ORDER = ("serve_load", "cpu_e2e/test_readme_quickstart.py", "cpu_e2e/test_dflash_kv.py",
-              "cpu_e2e/test_dflash_families.py",
+UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "cpu_e2e/test_dflash_families.py",
               "necessity/test_patches_are_needed.py",
               "kernels/test_triton_noncausal_attention.py", "cpu_e2e", "gpu", "kernels")
 WHOLE_DIRECTORIES = ("serve_load",)
