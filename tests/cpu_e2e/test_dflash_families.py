@@ -8,9 +8,13 @@ and a DFlash drafter trained against it, served in float32 with
 
 - every attention layer's cache, the drafter's included, is fp8;
 - greedy DFlash output equals target-only output token for token (float32:
-  no near-tie allowance), for a batch of 10 prompts on 8 sequence slots, some
-  prompts drafted well (the drafter's training prompts) and some not, so
-  verification steps accept everything, a part or nothing;
+  no near-tie allowance), for a batch of 10 prompts, some drafted well (the
+  drafter's training prompts) and some not, so verification steps accept
+  everything, a part or nothing;
+- the DFlash engine runs with a KV cache that holds about two of those
+  requests (the reference has room for all): blocks pass from finished and
+  preempted requests to new ones, and running requests are preempted and
+  recomputed, which the engine's counter shows;
 - the trained drafter is accepted: mean acceptance length > 1.5.
 
 The hybrid MoE family runs in every commit's suite (it takes every new code
@@ -30,6 +34,16 @@ import lossless
 PER_COMMIT = ("qwen3_5_moe",)
 MAX_TOKENS = 64
 MIN_ACCEPTANCE_LENGTH = 1.5
+# A request of the batch spans one or two 128-token attention blocks (the
+# longest prompt, 118 tokens, grows past a block); a hybrid target's request
+# also holds 1 + num_speculative_tokens state blocks for each gated-delta-net
+# group. So 11 blocks hold two hybrid requests and 3 blocks two or three dense
+# ones: admitted requests that grow preempt the others.
+SMALL_KV = {"max_model_len": 256}
+
+
+def small_kv_blocks(family: str) -> int:
+    return 11 if family.startswith("qwen3_5") else 3
 
 
 def _families():
@@ -51,7 +65,8 @@ def family_reference(family, family_pair):
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS)
+    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS, **SMALL_KV,
+                              num_gpu_blocks_override=small_kv_blocks(family))
 
 
 def test_every_attention_layer_caches_fp8(family, family_dflash):
@@ -73,12 +88,22 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     counts = DraftCounts.read(family_dflash["metrics"])
     measurements[f"family {family} (fp8 KV, float32)"] = {
         **report.summary(), "drafts": counts.drafts, "accepted": counts.accepted,
-        "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+        "mean acceptance length": round(counts.mean_acceptance_length, 3),
+        "preemptions": int(family_dflash["preemptions"])}
     print(f"\n[e2e] {family}: drafts {counts.drafts}, accepted {counts.accepted}, mean acceptance "
           f"length {counts.mean_acceptance_length:.3f}; {report.explain()}")
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
+
+
+def test_small_kv_cache_preempts(family, family_dflash):
+    """The equality above held while blocks were reused and requests preempted."""
+    print(f"\n[e2e] {family}: {family_dflash['preemptions']:.0f} preemptions with "
+          f"{small_kv_blocks(family)} KV blocks")
+    assert family_dflash["preemptions"] > 0, (
+        f"no preemption with {small_kv_blocks(family)} KV blocks: the batch did not put the KV "
+        "cache under pressure")
 
 
 @pytest.mark.extended

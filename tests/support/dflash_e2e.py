@@ -153,7 +153,8 @@ def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_toke
     if not dflash:
         shutdown_llm()
         return {"ids": ids}
-    return {"ids": ids, "metrics": spec_metrics(llm), "state": llm.collective_rpc(worker_kv_state)[0]}
+    return {"ids": ids, "metrics": spec_metrics(llm), "preemptions": engine_counter(llm, "vllm:num_preemptions"),
+            "state": llm.collective_rpc(worker_kv_state)[0]}
 
 
 def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[str, str]:
@@ -260,6 +261,11 @@ def start_trained_fp32(pair: tuple[str, str]):
         enable_prefix_caching=False,
         speculative_config=dflash_spec_config(draft),
     )
+
+
+def engine_counter(llm, name: str) -> float:
+    """One counter of vLLM's metrics (LLM.get_metrics()), 0 when absent."""
+    return next((m.value for m in llm.get_metrics() if m.name == name), 0)
 
 
 def spec_metrics(llm) -> dict:
