@@ -15,7 +15,10 @@ and a DFlash drafter trained against it, served in float32 with
   requests (the reference has room for all): blocks pass from finished and
   preempted requests to new ones, and running requests are preempted and
   recomputed, which the engine's counter shows;
-- the trained drafter is accepted: mean acceptance length > 1.5.
+- the trained drafter is accepted: mean acceptance length > 1.5;
+- with prefix caching on, prompts that share a 600-token prefix get the
+  same output as target-only without prefix caching, the second time from
+  the cache.
 
 The hybrid MoE family runs in every commit's suite (it takes every new code
 path: M-RoPE positions, the gated-delta-net verification step, the CPU MoE
@@ -58,9 +61,18 @@ def family(request):
 
 
 @pytest.fixture(scope="module")
-def family_reference(family, family_pair):
-    """Target-only greedy outputs, fp8 KV, float32."""
-    return e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS)["ids"]
+def family_reference_runs(family, family_pair):
+    """Target-only greedy outputs, fp8 KV, float32, no prefix caching: the
+    family prompts, then the prompts that share a long prefix."""
+    prompts = e2e.family_prompts()
+    ids = e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS,
+                             prompts=prompts + e2e.shared_prefix_prompts())["ids"]
+    return {"family prompts": ids[:len(prompts)], "shared prefix": ids[len(prompts):]}
+
+
+@pytest.fixture(scope="module")
+def family_reference(family_reference_runs):
+    return family_reference_runs["family prompts"]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +107,49 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
+
+
+@pytest.fixture(scope="module")
+def family_prefix_cached(family, family_pair):
+    """DFlash with prefix caching on (for a hybrid target: vLLM's "align"
+    state cache, whose state copies run on CPU since patch 0026): the
+    prompts that share a long prefix, twice. The first pass fills the cache;
+    the second finds the prefix there."""
+    from vllm.fork.tiny_families import serve_overrides
+
+    target, draft = family_pair
+    llm = e2e.start_llm((f"family-{family}", "dflash-prefix-caching"), model=target,
+                        dtype="float32", kv_cache_dtype="fp8", enable_prefix_caching=True,
+                        speculative_config=e2e.dflash_spec_config(draft), **serve_overrides(family))
+    names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries",
+             "drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
+    passes = []
+    for _ in range(2):
+        before = {k: e2e.engine_counter(llm, n) for k, n in names.items()}
+        ids, _ = e2e.generate_ids(llm, e2e.shared_prefix_prompts(), MAX_TOKENS)
+        passes.append({"ids": ids, **{k: int(e2e.engine_counter(llm, n) - before[k])
+                                      for k, n in names.items()}})
+    e2e.shutdown_llm()
+    return passes
+
+
+def test_prefix_cache_hits_keep_the_output(family, family_prefix_cached, family_reference_runs,
+                                           measurements):
+    """Both passes equal target-only output without prefix caching (float32,
+    exact), and the second pass took most of each prompt from the cache. The
+    drafter knows none of these long prompts, so acceptance here is near 1
+    whatever the cache does: the counters are reported, not compared."""
+    want = family_reference_runs["shared prefix"]
+    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in e2e.shared_prefix_prompts())
+    measurements[f"family {family} prefix caching (fp8 KV, float32)"] = [
+        {k: v for k, v in p.items() if k != "ids"} for p in family_prefix_cached]
+    for i, run in enumerate(family_prefix_cached):
+        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))],
+                                      run["ids"], want, dtype="float32")
+        print(f"\n[e2e] {family} prefix caching pass {i + 1}: "
+              f"{ {k: v for k, v in run.items() if k != 'ids'} }; {report.explain()}")
+        assert report.ok and len(report.exact) == len(want), report.explain()
+    assert family_prefix_cached[1]["hits"] >= prompt_tokens // 2, family_prefix_cached[1]
 
 
 def test_small_kv_cache_preempts(family, family_dflash):

@@ -136,11 +136,22 @@ def family_prompts() -> list:
     return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *PROMPTS]
 
 
+def shared_prefix_prompts() -> list:
+    """Four prompts that share their first 600 tokens (printable bytes) and
+    differ in the last few: enough for a prefix-cache hit of several KV
+    blocks, whatever the block size the target's layout imposes."""
+    from vllm.fork.tiny_pairs import trained_prompts
+
+    prefix = [32 + (i * 7) % 95 for i in range(600)]
+    return [{"prompt_token_ids": prefix + ids} for ids in (*trained_prompts()[:3], [ord("q")])]
+
+
 def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_tokens: int,
-                   **engine_args) -> dict:
-    """Greedy ids of a family pair's target (float32, fp8 KV cache), with its
-    DFlash drafter or alone; with the drafter also its counters and KV state,
-    and the engine stays up. Alone, the engine is shut down."""
+                   prompts: list | None = None, **engine_args) -> dict:
+    """Greedy ids of a family pair's target (float32, fp8 KV cache) for
+    ``prompts`` (default: family_prompts()), with its DFlash drafter or
+    alone; with the drafter also its counters and KV state, and the engine
+    stays up. Alone, the engine is shut down."""
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = pair
@@ -149,7 +160,7 @@ def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_toke
     llm = start_llm((f"family-{family}", "dflash" if dflash else "target"),
                     model=target, dtype="float32", kv_cache_dtype="fp8", **serve_overrides(family),
                     **engine_args)
-    ids, _ = generate_ids(llm, family_prompts(), max_tokens)
+    ids, _ = generate_ids(llm, family_prompts() if prompts is None else prompts, max_tokens)
     if not dflash:
         shutdown_llm()
         return {"ids": ids}
