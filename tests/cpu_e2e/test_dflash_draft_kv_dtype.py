@@ -1,0 +1,165 @@
+"""The drafter's KV cache in a dtype of its own (speculative_config.kv_cache_dtype).
+
+On the text pair (a target trained to continue a text, whose greedy choices
+have clear margins, and a drafter trained on it), in float32, for a target
+--kv-cache-dtype T and a drafter kv_cache_dtype D with D != T:
+
+- the engine starts; every target layer holds a T cache and every draft
+  layer a D cache;
+- at equal VLLM_CPU_KVCACHE_SPACE, the cache holds the tokens that the
+  per-layer bytes give (target layers at T's size, draft layers at D's),
+  within 2 %; the all-T and all-D figures of the same formula are reported
+  beside it;
+- with prefix caching on, the prompts run twice; both passes equal
+  target-only output with a T cache and no prefix caching, token for token,
+  the second pass finds each prompt's first block in the cache, and its mean
+  acceptance length stays that of the first (a hit that lost the drafter's
+  context would collapse it) and above 1.5.
+
+Target fp8 + drafter auto and target auto + drafter fp8 run in every
+commit's suite; the rest of the matrix over {auto, fp8, fp8_e5m2, bfloat16}
+in the extended job (each combination is an engine of its own).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import dflash_e2e as e2e
+import lossless
+from draft_counts import DraftCounts
+
+pytestmark = pytest.mark.needs_patch("0027")
+
+DTYPES = ("auto", "fp8", "fp8_e5m2", "bfloat16")
+PER_COMMIT = (("fp8", "auto"), ("auto", "fp8"))
+MAX_TOKENS = 64
+PROMPT_LEN = 40
+BLOCK_SIZE = 16
+MIN_ACCEPTANCE_LENGTH = 1.5
+# float32 model: "auto" caches hold 4 bytes per element.
+ELEMENT_BYTES = {"auto": 4, "bfloat16": 2, "fp8": 1, "fp8_e5m2": 1}
+
+
+def _combinations():
+    return [pytest.param((t, d), id=f"target-{t}-draft-{d}",
+                         marks=() if (t, d) in PER_COMMIT else pytest.mark.extended)
+            for t in DTYPES for d in DTYPES if t != d]
+
+
+def prompts() -> list:
+    """The first PROMPT_LEN tokens from the start of every line of the text
+    the pair learned (the text is cyclic), so that a prompt spans two
+    BLOCK_SIZE-token blocks and a prefix-cache hit takes them."""
+    from vllm.fork.tiny_pairs import text_prompts, training_text
+
+    ids = list(training_text().encode()) * 2
+    return [{"prompt_token_ids": ids[s:s + PROMPT_LEN]}
+            for s in _line_starts(ids, len(text_prompts()))]
+
+
+def _line_starts(ids: list[int], count: int) -> list[int]:
+    starts = [0] + [i + 1 for i in range(len(ids) // 2 - 1) if ids[i] == ord("\n")]
+    assert len(starts) == count
+    return starts
+
+
+_references: dict[str, list] = {}
+
+
+def reference(pair, target_dtype: str) -> list:
+    """Target-only greedy ids with a ``target_dtype`` cache, no prefix caching."""
+    if target_dtype not in _references:
+        llm = e2e.start_llm(("text-target", target_dtype), model=pair[0], dtype="float32",
+                            kv_cache_dtype=target_dtype)
+        _references[target_dtype], _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
+        e2e.shutdown_llm()
+    return _references[target_dtype]
+
+
+@pytest.fixture(scope="module", params=_combinations())
+def combination(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def mixed(combination, text_pair):
+    """DFlash with the target's and the drafter's cache dtypes apart, prefix
+    caching on: the layers' caches, the capacity, and two passes of the
+    prompts (counters per pass)."""
+    target_dtype, draft_dtype = combination
+    target, draft = text_pair
+    llm = e2e.start_llm(("text-mixed", target_dtype, draft_dtype), model=target, dtype="float32",
+                        kv_cache_dtype=target_dtype, block_size=BLOCK_SIZE,
+                        enable_prefix_caching=True,
+                        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype=draft_dtype))
+    names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries"}
+    passes = []
+    for _ in range(2):
+        before = e2e.spec_metrics(llm), {k: e2e.engine_counter(llm, n) for k, n in names.items()}
+        ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
+        after = e2e.spec_metrics(llm), {k: e2e.engine_counter(llm, n) for k, n in names.items()}
+        counts = DraftCounts.between(before[0], after[0])
+        passes.append({"ids": ids, "drafts": counts.drafts, "accepted": counts.accepted,
+                       "mean acceptance length": round(counts.mean_acceptance_length, 3),
+                       **{k: int(after[1][k] - before[1][k]) for k in names}})
+    state = llm.collective_rpc(e2e.worker_kv_state)[0]
+    e2e.shutdown_llm()
+    return {"passes": passes, "state": state}
+
+
+def test_each_layer_holds_its_asked_dtype(combination, mixed):
+    target_dtype, draft_dtype = combination
+    layers = mixed["state"]["layers"]
+    roles = {}
+    for name, s in sorted(layers.items()):
+        want = target_dtype if s["role"] == "target" else draft_dtype
+        roles.setdefault(s["role"], set()).add((s["kv_cache_dtype"], s["tensor_dtype"]))
+        assert s["kv_cache_dtype"] == s["impl_kv_cache_dtype"] == want, (name, s)
+    print(f"\n[e2e] target {target_dtype}, drafter {draft_dtype}: {roles}")
+    assert set(roles) == {"target", "draft"}, sorted(layers)
+
+
+def test_capacity_is_what_the_per_layer_bytes_give(combination, mixed, measurements):
+    target_dtype, draft_dtype = combination
+    state = mixed["state"]
+    space = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30))
+
+    def tokens(dtype_of) -> int:
+        per_token = 0
+        for s in state["layers"].values():
+            _two, _blocks, kv_heads, _block_size, head = s["tensor_shape"]
+            per_token += 2 * kv_heads * head * ELEMENT_BYTES[dtype_of(s["role"])]
+        return space // per_token
+
+    expected = tokens(lambda role: target_dtype if role == "target" else draft_dtype)
+    measured = state["num_blocks"] * state["block_size"]
+    figures = {f"all {target_dtype}": tokens(lambda role: target_dtype),
+               f"target {target_dtype} + drafter {draft_dtype} (measured)": measured,
+               f"target {target_dtype} + drafter {draft_dtype} (per-layer bytes)": expected,
+               f"all {draft_dtype}": tokens(lambda role: draft_dtype)}
+    measurements[f"KV tokens at {os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, target {target_dtype}, "
+                 f"drafter {draft_dtype}"] = figures
+    print(f"\n[e2e] KV capacity in tokens: {figures}")
+    assert abs(measured - expected) <= expected * 0.02, figures
+
+
+def test_prefix_cache_hits_keep_output_and_acceptance(combination, mixed, text_pair, measurements):
+    target_dtype, draft_dtype = combination
+    want = reference(text_pair, target_dtype)
+    first, second = mixed["passes"]
+    summary = [{k: v for k, v in p.items() if k != "ids"} for p in mixed["passes"]]
+    measurements[f"target {target_dtype} + drafter {draft_dtype}, float32, prefix caching"] = summary
+    print(f"\n[e2e] target {target_dtype}, drafter {draft_dtype}: {summary}")
+    for i, run in enumerate(mixed["passes"]):
+        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))],
+                                      run["ids"], want, dtype="float32")
+        assert report.ok and len(report.exact) == len(want), report.explain()
+    # A prompt spans two full blocks. With a drafter, vLLM computes the last
+    # block of a hit again (the drafter needs the target's hidden states
+    # there), so the cache serves one block of each prompt.
+    assert first["hits"] == 0 and second["hits"] >= BLOCK_SIZE * len(want), summary
+    assert first["mean acceptance length"] > MIN_ACCEPTANCE_LENGTH, summary
+    assert second["mean acceptance length"] >= first["mean acceptance length"] - 0.05, summary

@@ -1,0 +1,73 @@
+"""speculative_config.kv_cache_dtype: the drafter's KV cache dtype, chosen
+apart from the target's --kv-cache-dtype (same field name and meaning as
+vLLM 0.26's, so a config moves between this fork and later vLLM unchanged).
+
+Checked where the engine config is built (what `vllm serve` and `LLM(...)` do
+first; no engine starts here): unset, the draft layers take the target's
+dtype; set, the draft layers' cache config carries it and the target's does
+not change; an unknown value or a value with another speculative method is
+refused, saying what to do. What the engine then allocates and computes:
+tests/cpu_e2e/test_dflash_draft_kv_dtype.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.needs_patch("0027")
+
+
+def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", **spec):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
+                      kv_cache_dtype=target_kv_cache_dtype,
+                      speculative_config={"num_speculative_tokens": 3, **spec}).create_engine_config()
+
+
+def _refusal(target: str, **spec) -> str:
+    with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
+        _engine_config(target, **spec)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("target_dtype, draft_dtype", [
+    ("fp8", "auto"), ("fp8", "bfloat16"), ("auto", "fp8"), ("fp8", "fp8_e5m2"), ("fp8", "fp8")])
+def test_draft_layers_take_the_asked_dtype(trained_pair, target_dtype, draft_dtype):
+    target, draft = trained_pair
+    config = _engine_config(target, target_dtype, method="dflash", model=draft,
+                            kv_cache_dtype=draft_dtype)
+    spec = config.speculative_config
+    assert spec.kv_cache_dtype == draft_dtype
+    assert spec.draft_cache_config(config.cache_config).cache_dtype == draft_dtype
+    assert config.cache_config.cache_dtype == target_dtype
+
+
+def test_unset_the_draft_layers_take_the_target_dtype(trained_pair):
+    target, draft = trained_pair
+    config = _engine_config(target, "fp8", method="dflash", model=draft)
+    assert config.speculative_config.kv_cache_dtype is None
+    assert config.speculative_config.draft_cache_config(config.cache_config) is config.cache_config
+
+
+def test_the_dtype_is_part_of_the_config_hash(trained_pair):
+    target, draft = trained_pair
+    hashes = {d: _engine_config(target, "fp8", method="dflash", model=draft,
+                                **({} if d is None else {"kv_cache_dtype": d}))
+              .speculative_config.compute_hash() for d in (None, "auto", "fp8_e5m2")}
+    assert len(set(hashes.values())) == 3, hashes
+
+
+def test_unknown_dtype_is_refused_with_the_allowed_values(trained_pair):
+    target, draft = trained_pair
+    message = _refusal(target, method="dflash", model=draft, kv_cache_dtype="int3")
+    assert "kv_cache_dtype" in message and "'int3'" in message, message
+    for allowed in ("'auto'", "'bfloat16'", "'fp8'", "'fp8_e5m2'"):
+        assert allowed in message, message
+
+
+def test_dtype_with_another_method_is_refused(trained_pair):
+    target, _draft = trained_pair
+    message = _refusal(target, method="ngram", prompt_lookup_max=3, kv_cache_dtype="auto")
+    assert "kv_cache_dtype='auto' is supported with method 'dflash'" in message, message
+    assert "'ngram'" in message and "remove kv_cache_dtype" in message, message
