@@ -244,10 +244,10 @@ def _train_drafter_against(target, seed: int) -> tuple[dict[str, torch.Tensor], 
 
 
 FP8_BLOCK = 128
-# Projections stored in FP8 with --fp8-weights (their weight names end so).
 # The quantization config of the published block-FP8 checkpoints.
 FP8_WEIGHT_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                            "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+# Projections stored in FP8 with --fp8-weights (their weight names end so).
 FP8_WEIGHT_SUFFIXES = tuple(f"{m}.weight" for m in (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))
@@ -315,14 +315,7 @@ def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0,
     _attend_as_fp8_kv_cache(target)
 
     weights, record = _train_drafter_against(target, seed)
-    dconf = tp._qwen3_config(tp.DRAFT_LAYERS)
-    dconf.update({
-        "architectures": ["DFlashDraftModel"],
-        "block_size": tp.DFLASH_BLOCK_SIZE,
-        "num_target_layers": tp.TARGET_LAYERS,
-        "dflash_config": {"mask_token_id": tp.MASK_TOKEN, "target_layer_ids": list(tp.TARGET_LAYER_IDS)},
-    })
-    tp._save(draft_dir, dconf, weights, dtype=torch.float32)
+    tp._save(draft_dir, tp.drafter_config(), weights, dtype=torch.float32)
     (draft_dir / tp.TRAINING_RECORD).write_text(
         json.dumps({"family": family, "fp8_weights": fp8_weights, **record}, indent=1) + "\n")
     return str(target_dir), str(draft_dir)

@@ -222,6 +222,19 @@ def _qwen3_config(num_layers: int) -> dict:
     }
 
 
+def drafter_config(num_target_layers: int = TARGET_LAYERS) -> dict:
+    """config.json of a z-lab DFlash drafter of DRAFT_LAYERS Qwen3 layers
+    reading TARGET_LAYER_IDS of a target of ``num_target_layers`` layers."""
+    config = _qwen3_config(DRAFT_LAYERS)
+    config.update({
+        "architectures": ["DFlashDraftModel"],
+        "block_size": DFLASH_BLOCK_SIZE,
+        "num_target_layers": num_target_layers,
+        "dflash_config": {"mask_token_id": MASK_TOKEN, "target_layer_ids": list(TARGET_LAYER_IDS)},
+    })
+    return config
+
+
 class _Rng:
     def __init__(self, seed: int) -> None:
         self.gen = torch.Generator().manual_seed(seed)
@@ -434,18 +447,7 @@ def generate_pair(
         draft_norm = torch.zeros(HIDDEN)
         draft_norm[CONST_DIM] = 1.0
     dw["norm.weight"] = draft_norm
-    dconf = _qwen3_config(DRAFT_LAYERS)
-    dconf.update(
-        {
-            "architectures": ["DFlashDraftModel"],
-            "block_size": DFLASH_BLOCK_SIZE,
-            "num_target_layers": TARGET_LAYERS,
-            "dflash_config": {
-                "mask_token_id": MASK_TOKEN,
-                "target_layer_ids": list(TARGET_LAYER_IDS),
-            },
-        }
-    )
+    dconf = drafter_config()
     if draft_kv_scales is not None:
         k_scale, v_scale = (float(s) for s in draft_kv_scales)
         ignored = ["model.fc"]
