@@ -2,11 +2,13 @@
 """DFlash + fp8 KV cache through `vllm serve`, measured with `vllm bench serve`.
 
     python benchmarks/bench_dflash_fp8.py [--out DIR] [--concurrency 1,2,4,...]
-        [--target MODEL --draft DRAFT] [--pair partial|trained|full|none]
+        [--target MODEL --draft DRAFT] [--pair partial|trained|full|text|none]
         [--input-len N] [--output-len N] [--kv-cache-gib G] [--num-spec-tokens K]
 
-For {no spec, DFlash} x {kv auto, fp8}, one server at a time (same memory for
-the KV cache in all four), it records:
+For {no spec, DFlash} x {kv auto, fp8}, and DFlash with an fp8 target cache
+and an unquantized drafter cache (``dflash-fp8-draftauto``: speculative_config
+``kv_cache_dtype: auto``), one server at a time (same memory for the KV cache
+in all), it records:
 
 * KV capacity in tokens: ``num_gpu_blocks x block_size`` from the server's
   ``vllm:cache_config_info`` metric;
@@ -21,8 +23,9 @@ Writes ``DIR/bench_dflash_fp8.json`` (plus each raw `vllm bench serve`
 result under ``DIR/raw/``) and ``DIR/bench_dflash_fp8.png`` when matplotlib
 imports (benchmarks/requirements.txt), and prints the ratios measured side
 by side in this one run: fp8/auto KV capacity, DFlash/no-spec and fp8/auto
-throughput and TPOT. By default the target/drafter are a generated tiny pair
-(vllm.fork.tiny_pairs, offline); ``--target/--draft`` take real models.
+throughput and TPOT, and for the drafter's cache dtype (target fp8) auto/fp8
+KV capacity, acceptance length and throughput. By default the target/drafter
+are a generated tiny pair (vllm.fork.tiny_pairs, offline); ``--target/--draft`` take real models.
 Works on CUDA (``--kv-cache-memory-bytes``) and on CPU (the same flag; the
 legacy VLLM_CPU_KVCACHE_SPACE is dropped from the environment so it does not
 override it).
@@ -44,7 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 
 from vllm_server import VllmServer, info_labels, vllm_cli  # noqa: E402
 
-CONFIGS = [("nospec", "auto"), ("nospec", "fp8"), ("dflash", "auto"), ("dflash", "fp8")]
+# (speculation, target KV cache dtype, drafter KV cache dtype: None = the target's)
+CONFIGS = [("nospec", "auto", None), ("nospec", "fp8", None), ("dflash", "auto", None),
+           ("dflash", "fp8", None), ("dflash", "fp8", "auto")]
+
+
+def config_label(spec: str, kv: str, draft_kv: str | None) -> str:
+    return f"{spec}-{kv}" + (f"-draft{draft_kv}" if draft_kv else "")
 KEEP = [
     "completed", "failed", "duration", "request_throughput", "output_throughput",
     "total_token_throughput", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -70,7 +79,7 @@ def kv_capacity(srv: VllmServer) -> dict:
     }
 
 
-def server_args(spec: str, kv: str, args, draft: str | None) -> list[str]:
+def server_args(spec: str, kv: str, args, draft: str | None, draft_kv: str | None = None) -> list[str]:
     out = ["--kv-cache-dtype", kv, "--max-model-len", str(args.max_model_len),
            "--max-num-seqs", str(max(args.concurrency)), "--seed", "0", "--dtype", "bfloat16"]
     if args.kv_cache_gib:
@@ -81,6 +90,8 @@ def server_args(spec: str, kv: str, args, draft: str | None) -> list[str]:
         cfg = {"method": "dflash", "model": draft, "num_speculative_tokens": args.num_spec_tokens}
         if args.attention_backend:
             cfg["attention_backend"] = args.attention_backend
+        if draft_kv:
+            cfg["kv_cache_dtype"] = draft_kv
         out += ["--speculative-config", json.dumps(cfg)]
     return out + list(args.serve_arg)
 
@@ -113,11 +124,14 @@ def bench_level(srv: VllmServer, model: str, tokenizer: str, concurrency: int, a
     return out
 
 
-def run_config(spec: str, kv: str, target: str, draft: str | None, args, workdir: Path) -> dict:
-    label = f"{spec}-{kv}"
+def run_config(spec: str, kv: str, draft_kv: str | None, target: str, draft: str | None, args,
+               workdir: Path) -> dict:
+    label = config_label(spec, kv, draft_kv)
     env = {}
-    srv = VllmServer(target, server_args(spec, kv, args, draft), workdir / f"server-{label}.log", env=env)
-    result: dict = {"spec": spec, "kv_cache_dtype": kv, "levels": []}
+    srv = VllmServer(target, server_args(spec, kv, args, draft, draft_kv), workdir / f"server-{label}.log",
+                     env=env)
+    result: dict = {"spec": spec, "kv_cache_dtype": kv, "draft_kv_cache_dtype": draft_kv or kv,
+                    "levels": []}
     with srv:
         result["server_start_s"] = round(srv.start_s, 1)
         result["kv_capacity"] = kv_capacity(srv)
@@ -127,7 +141,7 @@ def run_config(spec: str, kv: str, target: str, draft: str | None, args, workdir
             level = bench_level(srv, model, target, c, args, workdir / "raw", label)
             result["levels"].append(level)
             tput = level.get("output_throughput") or 0.0
-            print(f"[bench] {label:<13} c={c:<4} out tok/s {tput:9.1f}  TPOT mean "
+            print(f"[bench] {label:<20} c={c:<4} out tok/s {tput:9.1f}  TPOT mean "
                   f"{level.get('mean_tpot_ms') or 0:8.2f} ms  accept len "
                   f"{level.get('spec_decode_acceptance_length') or '-'}", flush=True)
             if args.stop_at_saturation and prev and tput < prev * (1 + args.saturation_gain):
@@ -149,16 +163,29 @@ def ratios(results: dict) -> dict:
     def peak(label):
         return max((lv.get("output_throughput") or 0 for lv in results[label]["levels"]), default=None)
 
-    out: dict = {"kv_capacity_fp8_over_auto": {}, "throughput": {}, "tpot": {}, "peak_throughput": {}}
+    out: dict = {"kv_capacity_fp8_over_auto": {}, "throughput": {}, "tpot": {}, "peak_throughput": {},
+                 "drafter_auto_over_fp8": {}}
     for spec in ("nospec", "dflash"):
         a, f = f"{spec}-auto", f"{spec}-fp8"
         if a in results and f in results:
             out["kv_capacity_fp8_over_auto"][spec] = _ratio(results[f]["kv_capacity"]["tokens"],
                                                             results[a]["kv_capacity"]["tokens"])
+    mixed, same = "dflash-fp8-draftauto", "dflash-fp8"
+    if mixed in results and same in results:
+        def first_acceptance(label):
+            levels = results[label]["levels"]
+            return levels[0].get("spec_decode_acceptance_length") if levels else None
+
+        out["drafter_auto_over_fp8"] = {
+            "kv_capacity": _ratio(results[mixed]["kv_capacity"]["tokens"],
+                                  results[same]["kv_capacity"]["tokens"]),
+            "acceptance_length_first_level": _ratio(first_acceptance(mixed), first_acceptance(same)),
+        }
     pairs = {"dflash/nospec kv=auto": ("dflash-auto", "nospec-auto"),
              "dflash/nospec kv=fp8": ("dflash-fp8", "nospec-fp8"),
              "fp8/auto nospec": ("nospec-fp8", "nospec-auto"),
-             "fp8/auto dflash": ("dflash-fp8", "dflash-auto")}
+             "fp8/auto dflash": ("dflash-fp8", "dflash-auto"),
+             "drafter auto/fp8": (mixed, same)}
     for name, (num, den) in pairs.items():
         if num not in results or den not in results:
             continue
@@ -177,9 +204,12 @@ def print_tables(results: dict, rat: dict) -> None:
     print("\n== KV capacity at equal memory (tokens = num_gpu_blocks x block_size)")
     for lb in labels:
         cap = results[lb]["kv_capacity"]
-        print(f"  {lb:<13} {cap['tokens']!s:>12} tokens  ({cap['num_gpu_blocks']} blocks x {cap['block_size']})")
+        print(f"  {lb:<20} {cap['tokens']!s:>12} tokens  ({cap['num_gpu_blocks']} blocks x {cap['block_size']})")
     for spec, r in rat["kv_capacity_fp8_over_auto"].items():
         print(f"  fp8/auto {spec}: {r:.3f}" if r else f"  fp8/auto {spec}: -")
+    for name, r in rat.get("drafter_auto_over_fp8", {}).items():
+        print(f"  drafter auto/fp8 (target fp8) {name}: {r:.3f}" if r else
+              f"  drafter auto/fp8 (target fp8) {name}: -")
     levels = sorted({lv["concurrency"] for lb in labels for lv in results[lb]["levels"]})
 
     def cell(lb, c, key, fmt):
@@ -191,16 +221,16 @@ def print_tables(results: dict, rat: dict) -> None:
                             ("mean_tpot_ms", "mean TPOT (ms)", ".2f"),
                             ("spec_decode_acceptance_length", "acceptance length", ".3f")):
         print(f"\n== {title}")
-        print("  " + f"{'concurrency':<13}" + "".join(f"{lb:>14}" for lb in labels))
+        print("  " + f"{'concurrency':<13}" + "".join(f"{lb:>21}" for lb in labels))
         for c in levels:
-            print("  " + f"{c:<13}" + "".join(f"{cell(lb, c, key, fmt):>14}" for lb in labels))
+            print("  " + f"{c:<13}" + "".join(f"{cell(lb, c, key, fmt):>21}" for lb in labels))
     print("\n== per-position acceptance rate (DFlash, first level and last level)")
     for lb in labels:
         if results[lb]["spec"] != "dflash" or not results[lb]["levels"]:
             continue
         for lv in (results[lb]["levels"][0], results[lb]["levels"][-1]):
             rates = lv.get("spec_decode_per_position_acceptance_rates") or []
-            print(f"  {lb:<13} c={lv['concurrency']:<4} " + " ".join(f"{r:.3f}" for r in rates))
+            print(f"  {lb:<20} c={lv['concurrency']:<4} " + " ".join(f"{r:.3f}" for r in rates))
     print("\n== ratios measured in this run")
     for group in ("throughput", "tpot"):
         for name, per in rat[group].items():
@@ -293,9 +323,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft", help="DFlash drafter for --target")
     # full: every draft is accepted, so the run shows DFlash's best case next to its cost;
     # partial/none accept almost nothing on random prompts and show the drafting overhead.
-    p.add_argument("--pair", default="full", choices=["none", "partial", "full", "trained"],
+    p.add_argument("--pair", default="full", choices=["none", "partial", "full", "trained", "text"],
                    help="acceptance of the generated tiny pair (default full)")
-    p.add_argument("--configs", default=",".join(f"{s}-{k}" for s, k in CONFIGS),
+    p.add_argument("--configs", default=",".join(config_label(*c) for c in CONFIGS),
                    help="subset of nospec-auto,nospec-fp8,dflash-auto,dflash-fp8")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64",
                    type=lambda s: [int(x) for x in s.split(",")], help="sweep levels (ascending)")
@@ -337,7 +367,7 @@ def main(argv=None) -> int:
     if args.kv_cache_gib:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes on CPU
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
-    configs = [(s, k) for s, k in CONFIGS if f"{s}-{k}" in wanted]
+    configs = [c for c in CONFIGS if config_label(*c) in wanted]
     if not configs:
         p.error(f"no known config in --configs {args.configs}")
 
@@ -353,15 +383,17 @@ def main(argv=None) -> int:
             target, draft = generate_pair(Path(tmp) / "pair", args.pair, seed=0)
         results: dict = {}
         json_path = args.out / "bench_dflash_fp8.json"
-        for spec, kv in configs:
+        for spec, kv, draft_kv in configs:
+            label = config_label(spec, kv, draft_kv)
             try:
-                results[f"{spec}-{kv}"] = run_config(spec, kv, target, draft, args, args.out)
+                results[label] = run_config(spec, kv, draft_kv, target, draft, args, args.out)
             except Exception as e:
-                print(f"[bench] {spec}-{kv} failed: {e}", file=sys.stderr)
-                results[f"{spec}-{kv}"] = {"spec": spec, "kv_cache_dtype": kv, "levels": [],
-                                           "kv_capacity": {"tokens": None, "num_gpu_blocks": None,
-                                                           "block_size": None},
-                                           "error": str(e)[-3000:]}
+                print(f"[bench] {label} failed: {e}", file=sys.stderr)
+                results[label] = {"spec": spec, "kv_cache_dtype": kv,
+                                  "draft_kv_cache_dtype": draft_kv or kv, "levels": [],
+                                  "kv_capacity": {"tokens": None, "num_gpu_blocks": None,
+                                                  "block_size": None},
+                                  "error": str(e)[-3000:]}
             # Written after every config, so a run cut short keeps what it measured.
             doc = document(args, results, time.monotonic() - t_start)
             json_path.write_text(json.dumps(doc, indent=2, default=str))
