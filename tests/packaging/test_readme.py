@@ -71,6 +71,7 @@ README_COMMANDS = {
     "VLLM_FORK_BASE_WHEEL=/wheels VLLM_FORK_OFFLINE=1 pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
     "vllm --version": "tests/packaging/test_real_bases.py::test_vllm_cli_reports_the_fork_version",
     "python -m vllm.fork.info": "tests/packaging/test_real_bases.py::test_installed_fork_is_this_checkout",
+    "python -m vllm.fork.info --kv": "tests/engine/test_kv_support_report.py::test_info_prints_the_report",
     "bash tools/run_gpu_checks.sh": "tests/packaging/test_workflows.py::test_gpu_workflow_runs_an_existing_script",
     "bash tools/make_offline_kit.sh ": "tools/check_offline_kits.sh (makes both kits; argument errors: tests/packaging/test_offline_kit.py)",
     "bash kit/install.sh ": "tests/packaging/test_offline_kit.py::test_split_kit_installs_with_no_network_and_runs",

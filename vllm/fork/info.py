@@ -2,6 +2,7 @@
 
     python -m vllm.fork.info          # human-readable
     python -m vllm.fork.info --json   # machine-readable
+    python -m vllm.fork.info --kv     # KV cache dtypes for a DFlash target and drafter here
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ def describe() -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vllm.fork.info", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the raw provenance record")
+    parser.add_argument("--kv", action="store_true",
+                        help="which KV cache dtypes serve a DFlash target and drafter on this machine")
     args = parser.parse_args(argv)
+    if args.kv:
+        from vllm.fork import kv_support
+
+        print(kv_support.describe())
+        return
     print(json.dumps(provenance(), indent=2, sort_keys=True) if args.json else describe())
 
 
