@@ -71,3 +71,47 @@ def test_dtype_with_another_method_is_refused(trained_pair):
     message = _refusal(target, method="ngram", prompt_lookup_max=3, kv_cache_dtype="auto")
     assert "kv_cache_dtype='auto' is supported with method 'dflash'" in message, message
     assert "'ngram'" in message and "remove kv_cache_dtype" in message, message
+
+
+def test_unset_where_no_backend_serves_the_drafter_falls_back_with_a_warning(trained_pair, monkeypatch):
+    """A platform whose attention backends serve the target's cache dtype but
+    not the drafter's non-causal attention in it (as Hopper GPUs for the
+    turboquant dtypes): the drafter's cache takes the model dtype, with one
+    warning naming the dtype and the field. The stand-in platform refuses
+    non-causal fp8 as CUDA's backend selection refuses what it cannot serve."""
+    import logging
+
+    from vllm.platforms import current_platform
+
+    target, draft = trained_pair
+    config = _engine_config(target, "fp8", method="dflash", model=draft)
+    select = current_platform.get_attn_backend_cls
+
+    def refuse_non_causal_fp8(selected_backend, attn_selector_config, num_heads=None):
+        if attn_selector_config.use_non_causal and attn_selector_config.kv_cache_dtype == "fp8":
+            raise ValueError("No valid attention backend found (stand-in)")
+        return select(selected_backend, attn_selector_config=attn_selector_config, num_heads=num_heads)
+
+    class Records(logging.Handler):
+        messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    monkeypatch.setattr(current_platform, "get_attn_backend_cls", refuse_non_causal_fp8)
+    handler = Records(level=logging.WARNING)
+    vllm_logger = logging.getLogger("vllm")  # vLLM's loggers do not propagate to the root
+    vllm_logger.addHandler(handler)
+    try:
+        draft_cache = config.speculative_config.draft_cache_config(config.cache_config)
+    finally:
+        vllm_logger.removeHandler(handler)
+    assert draft_cache.cache_dtype == "auto" and config.cache_config.cache_dtype == "fp8"
+    warning = " ".join(handler.messages)
+    assert "--kv-cache-dtype fp8" in warning and "speculative_config kv_cache_dtype" in warning, warning
+
+
+def test_unset_where_a_backend_serves_the_drafter_keeps_the_target_dtype(trained_pair):
+    target, draft = trained_pair
+    config = _engine_config(target, "fp8", method="dflash", model=draft)
+    assert config.speculative_config.draft_cache_config(config.cache_config).cache_dtype == "fp8"
