@@ -50,20 +50,9 @@ def _combinations():
 
 
 def prompts() -> list:
-    """The first PROMPT_LEN tokens from the start of every line of the text
-    the pair learned (the text is cyclic), so that a prompt spans two
-    BLOCK_SIZE-token blocks and a prefix-cache hit takes them."""
-    from vllm.fork.tiny_pairs import text_prompts, training_text
-
-    ids = list(training_text().encode()) * 2
-    return [{"prompt_token_ids": ids[s:s + PROMPT_LEN]}
-            for s in _line_starts(ids, len(text_prompts()))]
-
-
-def _line_starts(ids: list[int], count: int) -> list[int]:
-    starts = [0] + [i + 1 for i in range(len(ids) // 2 - 1) if ids[i] == ord("\n")]
-    assert len(starts) == count
-    return starts
+    """Lines of the text the pair learned, PROMPT_LEN tokens each, so that a
+    prompt spans two BLOCK_SIZE-token blocks and a prefix-cache hit takes them."""
+    return e2e.text_line_prompts(PROMPT_LEN)
 
 
 _references: dict[str, list] = {}

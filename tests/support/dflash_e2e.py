@@ -136,6 +136,16 @@ def family_prompts() -> list:
     return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *PROMPTS]
 
 
+def text_line_prompts(length: int = 40) -> list:
+    """The first ``length`` tokens from the start of every line of the text
+    the text pair learned (vllm.fork.tiny_pairs; the text is cyclic)."""
+    from vllm.fork.tiny_pairs import training_text
+
+    ids = list(training_text().encode()) * 2
+    starts = [0] + [i + 1 for i in range(len(ids) // 2 - 1) if ids[i] == ord("\n")]
+    return [{"prompt_token_ids": ids[s:s + length]} for s in starts]
+
+
 def shared_prefix_prompts() -> list:
     """Four prompts that share their first 600 tokens (printable bytes) and
     differ in the last few: enough for a prefix-cache hit of several KV
