@@ -153,3 +153,28 @@ def test_prefix_cache_hits_keep_output_and_acceptance(combination, mixed, text_p
     assert first["hits"] == 0 and second["hits"] >= BLOCK_SIZE * len(want), summary
     assert first["mean acceptance length"] > MIN_ACCEPTANCE_LENGTH, summary
     assert second["mean acceptance length"] >= first["mean acceptance length"] - 0.05, summary
+
+
+@pytest.mark.extended
+def test_preemption_and_chunked_prefill_keep_the_output(text_pair, measurements):
+    """Target fp8 + drafter auto with a KV cache for about two of the
+    requests and a token budget smaller than a prompt: prompts are prefilled
+    in chunks, running requests are preempted and recomputed, and the output
+    still equals target-only output token for token (float32)."""
+    target, draft = text_pair
+    want = reference(text_pair, "fp8")
+    llm = e2e.start_llm(("text-mixed-pressure", "fp8", "auto"), model=target, dtype="float32",
+                        kv_cache_dtype="fp8", block_size=BLOCK_SIZE, enable_prefix_caching=False,
+                        num_gpu_blocks_override=16, max_num_batched_tokens=48, max_model_len=256,
+                        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype="auto"))
+    ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
+    preemptions = e2e.engine_counter(llm, "vllm:num_preemptions")
+    counts = DraftCounts.read(e2e.spec_metrics(llm))
+    e2e.shutdown_llm()
+    report = lossless.compare_all([f"prompt {j}" for j in range(len(want))], ids, want, dtype="float32")
+    measurements["target fp8 + drafter auto under KV pressure, chunked prefill"] = {
+        **report.summary(), "preemptions": int(preemptions),
+        "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+    assert report.ok and len(report.exact) == len(want), report.explain()
+    assert preemptions > 0
+

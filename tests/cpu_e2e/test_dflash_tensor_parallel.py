@@ -42,14 +42,16 @@ KV_TENSOR_DTYPE = {"auto": "torch.float32", "fp8": "torch.uint8"}
 MIN_MEAN_ACCEPTANCE_LENGTH = 3.5
 
 
-def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP):
+def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP,
+                    draft_kv_dtype: str | None = None):
     target, draft = pair
     kwargs = dict(model=target, dtype="float32", kv_cache_dtype=kv_dtype,
                   enable_prefix_caching=False, tensor_parallel_size=tp)
     if tp > 1:
         kwargs["distributed_executor_backend"] = "mp"
     if dflash:
-        kwargs["speculative_config"] = e2e.dflash_spec_config(draft)
+        extra = {} if draft_kv_dtype is None else {"kv_cache_dtype": draft_kv_dtype}
+        kwargs["speculative_config"] = e2e.dflash_spec_config(draft, **extra)
     saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = parallel_workers.threads_bind_for_ranks(tp)
     try:
@@ -61,10 +63,10 @@ def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP):
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
 
 
-def run(key, pair, kv_dtype: str, dflash: bool, tp: int = TP) -> dict:
+def run(key, pair, kv_dtype: str, dflash: bool, tp: int = TP, draft_kv_dtype: str | None = None) -> dict:
     """One engine's greedy outputs, per-rank KV state and spec-decode counters;
     the engine is shut down after (its ranks take every core)."""
-    llm = start_tp_engine(key, pair, kv_dtype, dflash, tp)
+    llm = start_tp_engine(key, pair, kv_dtype, dflash, tp, draft_kv_dtype)
     try:
         ids, texts = e2e.generate_ids(llm, PROMPTS, MAX_TOKENS)
         return {"ids": ids, "texts": texts, "ranks": llm.collective_rpc(e2e.worker_kv_state),
@@ -169,6 +171,28 @@ def test_auto_kv_tp2_every_rank_and_lossless(text_pair, measurements):
         f"{sum(g == w for g, w in zip(dflash['ids'], target['ids']))}/{len(PROMPTS)}")
     measurements["TP=2 DFlash auto KV blocks per rank"] = [r["num_blocks"] for r in dflash["ranks"]]
     assert dflash["ids"] == target["ids"]
+
+
+@pytest.mark.needs_patch("0027")
+def test_drafter_kv_dtype_of_its_own_with_tp2(text_pair, target_fp8_tp2, measurements):
+    """Target fp8 + drafter auto (speculative_config kv_cache_dtype) with
+    TP=2: every rank's target layers hold fp8 caches and its draft layers
+    float32 ones, DFlash equals target-only exactly, and the drafter is
+    accepted as with one cache dtype."""
+    out = run(("dflash-text-tp2", "fp8", "draft-auto"), text_pair, "fp8", dflash=True,
+              draft_kv_dtype="auto")
+    for rank, state in enumerate(out["ranks"]):
+        for name, layer in state["layers"].items():
+            want = "auto" if layer["role"] == "draft" else "fp8"
+            assert (layer["kv_cache_dtype"], layer["tensor_dtype"]) == (want, KV_TENSOR_DTYPE[want]), (
+                rank, name, layer)
+    counts = DraftCounts.read(out["metrics"])
+    measurements["TP=2 target fp8 + drafter auto, float32: DFlash equal to target-only"] = (
+        f"{sum(g == w for g, w in zip(out['ids'], target_fp8_tp2['ids']))}/{len(PROMPTS)}")
+    measurements["TP=2 target fp8 + drafter auto: mean acceptance length"] = round(
+        counts.mean_acceptance_length, 3)
+    assert out["ids"] == target_fp8_tp2["ids"]
+    assert counts.mean_acceptance_length >= MIN_MEAN_ACCEPTANCE_LENGTH, out["metrics"]
 
 
 def test_full_acceptance_pair_reaches_k_plus_one_with_tp2(full_pair, measurements):
