@@ -17,11 +17,20 @@ import pytest
 pytestmark = pytest.mark.needs_patch("0027")
 
 
-def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", **spec):
+@pytest.fixture(scope="module")
+def family_pair_qwen3_5_moe():
+    import dflash_e2e as e2e
+
+    return e2e.make_family_pair("qwen3_5_moe")
+
+
+def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None,
+                   **spec):
     from vllm.engine.arg_utils import EngineArgs
 
+    extra = {} if limit_mm_per_prompt is None else {"limit_mm_per_prompt": limit_mm_per_prompt}
     return EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
-                      kv_cache_dtype=target_kv_cache_dtype,
+                      kv_cache_dtype=target_kv_cache_dtype, **extra,
                       speculative_config={"num_speculative_tokens": 3, **spec}).create_engine_config()
 
 
@@ -115,3 +124,19 @@ def test_unset_where_a_backend_serves_the_drafter_keeps_the_target_dtype(trained
     target, draft = trained_pair
     config = _engine_config(target, "fp8", method="dflash", model=draft)
     assert config.speculative_config.draft_cache_config(config.cache_config).cache_dtype == "fp8"
+
+
+def test_hybrid_target_refuses_a_drafter_dtype_of_another_size(family_pair_qwen3_5_moe):
+    """Qwen3.5/3.6 targets lay every KV page out at one size, fitted to the
+    target's cache: a drafter cache of another element size is refused at
+    configuration (it failed in the KV cache layout, after loading); one of
+    the same size is taken."""
+    target, draft = family_pair_qwen3_5_moe
+    overrides = {"limit_mm_per_prompt": {"image": 0, "video": 0}}
+    message = _refusal(target, method="dflash", model=draft, kv_cache_dtype="auto", **overrides)
+    assert "speculative_config kv_cache_dtype='auto' stores 4 byte(s) per element" in message, message
+    assert "--kv-cache-dtype 'fp8' 1" in message and "hybrid target" in message, message
+    config = _engine_config(target, "fp8", method="dflash", model=draft, kv_cache_dtype="fp8_e5m2",
+                            **overrides)
+    assert config.speculative_config.kv_cache_dtype == "fp8_e5m2"
+

@@ -184,19 +184,31 @@ def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[st
     process ever sees half a pair."""
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources) + torch.__version__.encode()
                             + spec.encode()).hexdigest()[:16]
+    import fcntl
+
     root = _pair_cache_root()
     final = root / f"{name}-{digest}"
-    if not (final / "target" / "config.json").is_file() or not (final / "draft" / "config.json").is_file():
+
+    def complete() -> bool:
+        return (final / "target" / "config.json").is_file() and (final / "draft" / "config.json").is_file()
+
+    if not complete():
         root.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        try:
-            generate(partial)
-            os.replace(partial, final)
-        except OSError:
-            if not final.is_dir():  # not another process that won the race
-                raise
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+        # One process generates a pair; the others (xdist workers, necessity
+        # proofs) wait for it instead of training the same pair on the same
+        # cores at the same time.
+        with open(root / f".{name}-{digest}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not complete():
+                partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+                try:
+                    generate(partial)
+                    os.replace(partial, final)
+                except OSError:
+                    if not final.is_dir():  # not another process that won the race
+                        raise
+                finally:
+                    shutil.rmtree(partial, ignore_errors=True)
     return str(final / "target"), str(final / "draft")
 
 
