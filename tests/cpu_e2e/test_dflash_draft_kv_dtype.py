@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 import dflash_e2e as e2e
 import lossless
@@ -41,8 +42,6 @@ MAX_TOKENS = 64
 PROMPT_LEN = 40
 BLOCK_SIZE = 16
 MIN_ACCEPTANCE_LENGTH = 1.5
-# float32 model: "auto" caches hold 4 bytes per element.
-ELEMENT_BYTES = {"auto": 4, "bfloat16": 2, "fp8": 1, "fp8_e5m2": 1}
 
 
 def _combinations():
@@ -122,7 +121,7 @@ def test_capacity_is_what_the_per_layer_bytes_give(combination, mixed, measureme
         per_token = 0
         for s in state["layers"].values():
             _two, _blocks, kv_heads, _block_size, head = s["tensor_shape"]
-            per_token += 2 * kv_heads * head * ELEMENT_BYTES[dtype_of(s["role"])]
+            per_token += 2 * kv_heads * head * e2e.kv_bytes_per_elem(dtype_of(s["role"]), torch.float32)
         return space // per_token
 
     expected = tokens(lambda role: target_dtype if role == "target" else draft_dtype)

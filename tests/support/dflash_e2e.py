@@ -8,6 +8,7 @@ Functions that run inside the engine's worker process (via
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import hashlib
 import json
@@ -48,7 +49,13 @@ _current: dict = {"llm": None, "key": None}
 
 
 def kv_bytes_per_elem(kv_dtype: str, model_dtype: torch.dtype) -> int:
-    return model_dtype.itemsize if kv_dtype == "auto" else 1
+    """Bytes a KV cache element takes: the model dtype's for "auto", an
+    explicit unquantized dtype's own, one for the fp8 formats."""
+    if kv_dtype == "auto":
+        return model_dtype.itemsize
+    if kv_dtype in ("bfloat16", "float16"):
+        return getattr(torch, kv_dtype).itemsize
+    return 1
 
 
 def shutdown_llm() -> None:
@@ -184,8 +191,6 @@ def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[st
     process ever sees half a pair."""
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources) + torch.__version__.encode()
                             + spec.encode()).hexdigest()[:16]
-    import fcntl
-
     root = _pair_cache_root()
     final = root / f"{name}-{digest}"
 

@@ -29,14 +29,17 @@ class Side:
     backend: str | None
     reason: str | None = None
 
-    def __str__(self) -> str:
-        return self.backend if self.backend else f"no: {self.reason}"
-
 
 def cache_dtypes() -> list[str]:
     from vllm.config.cache import CacheDType
 
     return list(get_args(CacheDType))
+
+
+def option_name(non_causal: bool) -> str:
+    """The option that sets the cache dtype of the target's (causal) or the
+    drafter's (non-causal) layers."""
+    return "speculative_config kv_cache_dtype" if non_causal else "--kv-cache-dtype"
 
 
 def backend_for(cache_dtype: str, non_causal: bool) -> Side:
@@ -47,7 +50,7 @@ def backend_for(cache_dtype: str, non_causal: bool) -> Side:
     from vllm.platforms import current_platform
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    option = "speculative_config kv_cache_dtype" if non_causal else "--kv-cache-dtype"
+    option = option_name(non_causal)
     check = getattr(current_platform, "_check_kv_cache_dtype", None)
     try:
         if check is not None:
@@ -64,20 +67,24 @@ def backend_for(cache_dtype: str, non_causal: bool) -> Side:
     return Side(path.rsplit(".", 1)[-1].removesuffix("Backend") or path)
 
 
+def sides() -> tuple[dict[str, Side], dict[str, Side]]:
+    """Per cache dtype, what the target's layers get and what the drafter's get."""
+    dtypes = cache_dtypes()
+    return ({d: backend_for(d, non_causal=False) for d in dtypes},
+            {d: backend_for(d, non_causal=True) for d in dtypes})
+
+
 def table() -> list[tuple[str, str, Side, Side]]:
     """(target dtype, drafter dtype, target side, drafter side) for every pair."""
-    dtypes = cache_dtypes()
-    target = {d: backend_for(d, non_causal=False) for d in dtypes}
-    draft = {d: backend_for(d, non_causal=True) for d in dtypes}
-    return [(t, d, target[t], draft[d]) for t in dtypes for d in dtypes]
+    target, draft = sides()
+    return [(t, d, target[t], draft[d]) for t in target for d in draft]
 
 
 def describe() -> str:
     from vllm.platforms import current_platform
 
     dtypes = cache_dtypes()
-    target = {d: backend_for(d, non_causal=False) for d in dtypes}
-    draft = {d: backend_for(d, non_causal=True) for d in dtypes}
+    target, draft = sides()
     # A reason names its option and dtype; the same reason for several
     # dtypes and both sides is listed once.
     reasons: dict[str, list[str]] = {}
@@ -95,8 +102,8 @@ def describe() -> str:
              f"{MODEL_DTYPE} model, head size {HEAD_SIZE}:",
              "", f"  {'dtype':<22}{'target (causal)':<20}drafter (DFlash, non-causal)"]
     for d in dtypes:
-        lines.append(f"  {d:<22}{cell(target[d], d, '--kv-cache-dtype'):<20}"
-                     f"{cell(draft[d], d, 'speculative_config kv_cache_dtype')}")
+        lines.append(f"  {d:<22}{cell(target[d], d, option_name(False)):<20}"
+                     f"{cell(draft[d], d, option_name(True))}")
     drafters = [d for d in dtypes if draft[d].backend]
     lines += ["", "Pairs that start (--kv-cache-dtype T; speculative_config kv_cache_dtype D, "
               "unset = T):",
