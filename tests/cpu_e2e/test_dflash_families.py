@@ -18,7 +18,9 @@ and a DFlash drafter trained against it, served in float32 with
 - the trained drafter is accepted: mean acceptance length > 1.5;
 - with prefix caching on, prompts that share a 600-token prefix get the
   same output as target-only without prefix caching, the second time from
-  the cache.
+  the cache; behind the hybrid targets also with the drafter's cache in the
+  model dtype (an fp8 target cache beside a float32 drafter cache: pages of
+  two sizes, patch 0029).
 
 The hybrid MoE family runs in every commit's suite (it takes every new code
 path: M-RoPE positions, the gated-delta-net verification step, the CPU MoE
@@ -109,47 +111,93 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
 
 
+@pytest.fixture(scope="module", params=[None, "auto"], ids=["drafter-inherits", "drafter-auto"])
+def prefix_drafter_dtype(request, family):
+    """The drafter's cache dtype in the prefix-caching engine: inherited
+    (fp8), or the model dtype (speculative_config kv_cache_dtype "auto"),
+    the layout of an fp8 target with an unquantized drafter cache. Behind a
+    hybrid target that layout has pages of two sizes to fit together (patch
+    0029); behind a dense one it is tested in test_dflash_draft_kv_dtype.py."""
+    if request.param is not None and not family.startswith("qwen3_5"):
+        pytest.skip("a dense target with a drafter dtype of its own: test_dflash_draft_kv_dtype.py")
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def family_prefix_cached(family, family_pair):
+def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
     """DFlash with prefix caching on (for a hybrid target: vLLM's "align"
-    state cache, whose state copies run on CPU since patch 0026): the
-    prompts that share a long prefix, twice. The first pass fills the cache;
-    the second finds the prefix there."""
+    state cache, whose state copies run on CPU since patch 0026): the family
+    prompts once (for acceptance), then the prompts that share a long
+    prefix, twice. The first of those passes fills the cache; the second
+    finds the prefix there."""
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = family_pair
-    llm = e2e.start_llm((f"family-{family}", "dflash-prefix-caching"), model=target,
+    spec = e2e.dflash_spec_config(draft, **({} if prefix_drafter_dtype is None
+                                            else {"kv_cache_dtype": prefix_drafter_dtype}))
+    llm = e2e.start_llm((f"family-{family}", "dflash-prefix-caching", prefix_drafter_dtype), model=target,
                         dtype="float32", kv_cache_dtype="fp8", enable_prefix_caching=True,
-                        speculative_config=e2e.dflash_spec_config(draft), **serve_overrides(family))
+                        speculative_config=spec, **serve_overrides(family))
     names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries",
              "drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
     passes = []
-    for _ in range(2):
+    for prompts in (e2e.family_prompts(), e2e.shared_prefix_prompts(), e2e.shared_prefix_prompts()):
         before = {k: e2e.engine_counter(llm, n) for k, n in names.items()}
-        ids, _ = e2e.generate_ids(llm, e2e.shared_prefix_prompts(), MAX_TOKENS)
+        ids, _ = e2e.generate_ids(llm, prompts, MAX_TOKENS)
         passes.append({"ids": ids, **{k: int(e2e.engine_counter(llm, n) - before[k])
                                       for k, n in names.items()}})
+    state = llm.collective_rpc(e2e.worker_kv_state)[0]
     e2e.shutdown_llm()
-    return passes
+    return {"family prompts": passes[0], "shared prefix": passes[1:], "state": state}
 
 
 def test_prefix_cache_hits_keep_the_output(family, family_prefix_cached, family_reference_runs,
-                                           measurements):
+                                           prefix_drafter_dtype, measurements):
     """Both passes equal target-only output without prefix caching (float32,
     exact), and the second pass took most of each prompt from the cache. The
     drafter knows none of these long prompts, so acceptance here is near 1
     whatever the cache does: the counters are reported, not compared."""
     want = family_reference_runs["shared prefix"]
+    passes = family_prefix_cached["shared prefix"]
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in e2e.shared_prefix_prompts())
-    measurements[f"family {family} prefix caching (fp8 KV, float32)"] = [
-        {k: v for k, v in p.items() if k != "ids"} for p in family_prefix_cached]
-    for i, run in enumerate(family_prefix_cached):
+    measurements[f"family {family} prefix caching (fp8 KV, float32, drafter "
+                 f"{prefix_drafter_dtype or 'inherits'})"] = [
+        {k: v for k, v in p.items() if k != "ids"} for p in passes]
+    for i, run in enumerate(passes):
         report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))],
                                       run["ids"], want, dtype="float32")
         print(f"\n[e2e] {family} prefix caching pass {i + 1}: "
               f"{ {k: v for k, v in run.items() if k != 'ids'} }; {report.explain()}")
         assert report.ok and len(report.exact) == len(want), report.explain()
-    assert family_prefix_cached[1]["hits"] >= prompt_tokens // 2, family_prefix_cached[1]
+    assert passes[1]["hits"] >= prompt_tokens // 2, passes[1]
+
+
+def test_prefix_caching_engine_drafts_and_caches_as_asked(family, family_prefix_cached, family_reference,
+                                                          prefix_drafter_dtype, measurements):
+    """The same engine on the family prompts: output equal to target-only
+    (float32, exact), the trained drafter accepted; every target attention
+    layer caches fp8 and every draft layer the asked dtype. With a float32
+    drafter cache behind an fp8 hybrid target the drafter's pages hold four
+    times the bytes per token: its blocks hold a quarter of the tokens, so
+    the target's blocks stay as without a drafter."""
+    run = family_prefix_cached["family prompts"]
+    report = lossless.compare_all([f"prompt {i}" for i in range(len(family_reference))], run["ids"],
+                                  family_reference, dtype="float32")
+    acceptance = 1 + run["accepted"] / max(run["drafts"], 1)
+    layers = family_prefix_cached["state"]["layers"]
+    blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
+    measurements[f"family {family} prefix-caching engine, drafter {prefix_drafter_dtype or 'inherits'}"] = {
+        **report.summary(), "mean acceptance length": round(acceptance, 3), "block tokens": blocks}
+    print(f"\n[e2e] {family}, drafter {prefix_drafter_dtype or 'inherits'}: acceptance {acceptance:.3f}, "
+          f"block tokens {blocks}; {report.explain()}")
+    assert report.ok and len(report.exact) == len(family_reference), report.explain()
+    assert acceptance > MIN_ACCEPTANCE_LENGTH, run
+    want = {"target": ("fp8", "torch.uint8"),
+            "draft": ("fp8", "torch.uint8") if prefix_drafter_dtype is None else ("auto", "torch.float32")}
+    for name, s in sorted(layers.items()):
+        assert (s["kv_cache_dtype"], s["tensor_dtype"]) == want[s["role"]], (name, s)
+    if prefix_drafter_dtype is not None:
+        assert blocks["draft"] * 4 == blocks["target"], blocks
 
 
 def test_small_kv_cache_preempts(family, family_dflash):

@@ -126,17 +126,14 @@ def test_unset_where_a_backend_serves_the_drafter_keeps_the_target_dtype(trained
     assert config.speculative_config.draft_cache_config(config.cache_config).cache_dtype == "fp8"
 
 
-def test_hybrid_target_refuses_a_drafter_dtype_of_another_size(family_pair_qwen3_5_moe):
-    """Qwen3.5/3.6 targets lay every KV page out at one size, fitted to the
-    target's cache: a drafter cache of another element size is refused at
-    configuration (it failed in the KV cache layout, after loading); one of
-    the same size is taken."""
+def test_hybrid_target_takes_a_drafter_dtype_of_another_size(family_pair_qwen3_5_moe):
+    """Qwen3.5/3.6 targets (gated delta net + attention) take any drafter
+    dtype, of another element size too: the KV cache layout fits the
+    drafter's pages to the target's (tests/engine/test_hybrid_draft_kv_layout.py)."""
     target, draft = family_pair_qwen3_5_moe
     overrides = {"limit_mm_per_prompt": {"image": 0, "video": 0}}
-    message = _refusal(target, method="dflash", model=draft, kv_cache_dtype="auto", **overrides)
-    assert "speculative_config kv_cache_dtype='auto' stores 4 byte(s) per element" in message, message
-    assert "--kv-cache-dtype 'fp8' 1" in message and "hybrid target" in message, message
-    config = _engine_config(target, "fp8", method="dflash", model=draft, kv_cache_dtype="fp8_e5m2",
-                            **overrides)
-    assert config.speculative_config.kv_cache_dtype == "fp8_e5m2"
-
+    for draft_dtype in ("auto", "bfloat16", "fp8_e5m2"):
+        config = _engine_config(target, "fp8", method="dflash", model=draft, kv_cache_dtype=draft_dtype,
+                                **overrides)
+        assert config.speculative_config.draft_cache_config(config.cache_config).cache_dtype == draft_dtype
+        assert config.cache_config.cache_dtype == "fp8"
