@@ -251,3 +251,68 @@ def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measuremen
     measurements["README hybrid MoE vllm serve: mean acceptance length"] = round(
         counts.mean_acceptance_length, 3)
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
+
+
+def _drafter_with_heads(draft_dir: str, out, num_heads: int, num_kv_heads: int, head_dim: int) -> str:
+    """A copy of a drafter whose attention has another head shape (new
+    random attention weights, the rest kept): as a z-lab drafter, a model of
+    its own, has heads unlike its target's."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(draft_dir, out)
+    weights, gen = load_file(out / "model.safetensors"), torch.Generator().manual_seed(0)
+    config = json.loads((out / "config.json").read_text())
+    hidden = config["hidden_size"]
+    shapes = {"q_proj": (num_heads * head_dim, hidden), "k_proj": (num_kv_heads * head_dim, hidden),
+              "v_proj": (num_kv_heads * head_dim, hidden), "o_proj": (hidden, num_heads * head_dim)}
+    for name in list(weights):
+        part = name.split(".")[-2]
+        if ".self_attn." in name and part in shapes:
+            weights[name] = torch.randn(*shapes[part], generator=gen) * 0.05
+        elif ".self_attn." in name and part in ("q_norm", "k_norm"):
+            weights[name] = torch.ones(head_dim)
+    save_file(weights, out / "model.safetensors")
+    config.update(num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim)
+    (out / "config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+@pytest.mark.extended
+def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(tmp_path, family_reference_runs, family,
+                                                                 family_pair, measurements):
+    """The drafter's heads unlike the target's (4 KV heads of 64 beside the
+    target's 2: pages of twice the bytes per token in the same fp8 dtype,
+    vllm-project/vllm#46480's case), prefix caching on: the engine starts
+    (patch 0029), output equals target-only, the second pass hits the
+    cache. The drafter's attention is untrained here: acceptance is not
+    compared."""
+    from vllm.fork.tiny_families import serve_overrides
+
+    if family != "qwen3_5_moe":
+        pytest.skip("one hybrid family is enough for the layout")
+    target, draft = family_pair
+    other = _drafter_with_heads(draft, tmp_path / "draft", num_heads=8, num_kv_heads=4, head_dim=64)
+    want = family_reference_runs["shared prefix"]
+    llm = e2e.start_llm((f"family-{family}", "other-heads"), model=target, dtype="float32",
+                        kv_cache_dtype="fp8", enable_prefix_caching=True,
+                        speculative_config=e2e.dflash_spec_config(other), **serve_overrides(family))
+    passes = []
+    for _ in range(2):
+        before = e2e.engine_counter(llm, "vllm:prefix_cache_hits")
+        ids, _ = e2e.generate_ids(llm, e2e.shared_prefix_prompts(), MAX_TOKENS)
+        passes.append({"ids": ids, "hits": int(e2e.engine_counter(llm, "vllm:prefix_cache_hits") - before)})
+    layers = llm.collective_rpc(e2e.worker_kv_state)[0]["layers"]
+    e2e.shutdown_llm()
+    blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
+    measurements[f"family {family}, drafter with other heads, prefix caching"] = {
+        "hits": [p["hits"] for p in passes], "block tokens": blocks}
+    for i, run in enumerate(passes):
+        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))], run["ids"],
+                                      want, dtype="float32")
+        assert report.ok and len(report.exact) == len(want), report.explain()
+    assert passes[1]["hits"] > 0, passes
+    assert blocks["draft"] * 2 == blocks["target"], blocks
