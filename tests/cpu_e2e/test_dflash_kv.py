@@ -29,14 +29,9 @@ EXPECTED_TENSOR_DTYPE = {
 }
 
 
-def guarded_on_fp8(*patches):
-    """Parametrize a test over every KV dtype; only its fp8 case guards
-    ``patches``, so the necessity proof starts two engines, not eight."""
-    params = [
-        pytest.param(d, marks=pytest.mark.needs_patch(*patches)) if d == "fp8" else d
-        for d in e2e.KV_DTYPES
-    ]
-    return pytest.mark.parametrize("kv_dtype", params, indirect=True)
+# Every KV dtype the CPU supports. What patch 0001 changes in the drafter's
+# layers is proven without an engine (tests/engine/test_dflash_draft_layer_configs.py).
+over_kv_dtypes = pytest.mark.parametrize("kv_dtype", e2e.KV_DTYPES, indirect=True)
 
 
 @pytest.fixture(scope="module", params=e2e.KV_DTYPES)
@@ -80,7 +75,7 @@ def dflash(kv_dtype, partial_pair):
     }
 
 
-@guarded_on_fp8("0001")
+@over_kv_dtypes
 def test_draft_layers_follow_kv_cache_dtype(kv_dtype, dflash):
     layers = dflash["state"]["layers"]
     draft = {n: s for n, s in layers.items() if s["role"] == "draft"}
@@ -97,7 +92,7 @@ def test_draft_layers_follow_kv_cache_dtype(kv_dtype, dflash):
         assert s["tensor_dtype"] == expected, (name, s)
 
 
-@guarded_on_fp8("0001")
+@over_kv_dtypes
 def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
     """At equal VLLM_CPU_KVCACHE_SPACE, num blocks = space / bytes per block
     summed over target + draft layers (fp8: half the bytes of bf16)."""
@@ -118,7 +113,7 @@ def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
-@guarded_on_fp8("0001")
+@over_kv_dtypes
 def test_drafter_query_start_loc_is_int32(kv_dtype, dflash):
     qsl = dflash["qsl"]
     print(f"\n[e2e] kv={kv_dtype}: token_arange_np {qsl['token_arange_np']}, arange {qsl['arange']}, "

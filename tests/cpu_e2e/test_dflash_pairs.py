@@ -56,7 +56,6 @@ def test_stop_string_inside_an_accepted_block_ends_the_output_there(full_pair):
         assert (out.text, out.finish_reason, out.stop_reason) == (text, "stop", stop), out
 
 
-@pytest.mark.needs_patch("0003")
 def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     """CPU GEMM dispatch may repack a linear layer's weight and leave
     ``.weight`` empty (oneDNN/SGL on AVX-512 builds); the draft attention must
@@ -80,7 +79,6 @@ def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     assert drafts > 0
 
 
-@pytest.mark.needs_patch("0001")
 def test_draft_kv_scales_reach_draft_attention(kv_scales_pair, measurements):
     """The drafter declares an fp8 quantization config (all linear layers
     ignored, so weights stay bf16) and ships k/v scales 0.5/0.25 per layer;
