@@ -9,11 +9,9 @@ from draft_counts import DraftCounts
 import dflash_e2e as e2e
 
 
-# Not 0003: where the base keeps plain F.linear (AVX2 builds) the unpatched
-# draft attention works; the test below guards 0003 on every CPU. Not 0004:
-# its unit guard in test_dflash_cpu_inputs.py fails without it already, and
-# this engine would add half a minute to that proof.
-@pytest.mark.needs_patch("0002", "0005")
+# Not 0001, 0003, 0004, 0005 or 0007: their proofs take guards that need no
+# engine (each would otherwise add half a minute or more to its proof).
+@pytest.mark.needs_patch("0002")
 def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 

@@ -305,3 +305,25 @@ def test_noncausal_with_sliding_window_is_refused():
     case = PagedCase("auto", [(4, 40)], sliding_window=16)
     with pytest.raises(NotImplementedError, match="sliding window"):
         case.run(causal=False)
+
+
+class CacheWrittenByTheImpl(PagedCase):
+    """The same batch, every K/V written by the backend's own
+    ``do_kv_cache_update`` (what DFlash's precompute_and_store_context_kv
+    calls to store the context K/V outside a forward pass)."""
+
+    def _write(self, k, v, slots) -> None:
+        self.impl.do_kv_cache_update(self.layer, k, v, self.kv_cache, slots)
+
+
+@pytest.mark.needs_patch("0005")
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_kv_written_outside_forward_is_what_attention_reads(kv_dtype):
+    """Patch 0005: the CPU backend writes K/V into its paged cache outside
+    forward(), in the layout (ISA) its attention reads, quantized as the
+    cache dtype asks."""
+    case = CacheWrittenByTheImpl(kv_dtype, MIXED_BATCH)
+    err = _max_err(case, causal=True)
+    print(f"\n[kernel] CPU_ATTN K/V from do_kv_cache_update {DEFAULT_COMBO.describe(case.isa)}, "
+          f"kv={kv_dtype}: max |out - ref| = {err:.4f}")
+    assert err < TOLERANCE
