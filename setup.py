@@ -69,8 +69,9 @@ def _pkg_info(cfg, version: str) -> bytes:
 def _sdist_pyproject(target_name: str) -> bytes:
     """pyproject.toml with the sdist's target pinned (see ForkConfig.sdist_target)."""
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    pinned, count = re.subn(r'(?m)^default-target = "[^"]*"$',
-                            f'default-target = "{target_name}"\nsdist-target = "{target_name}"', text)
+    pinned, count = re.subn(
+        r'(?m)^default-target = "[^"]*"$', f'default-target = "{target_name}"\nsdist-target = "{target_name}"', text
+    )
     if count != 1:
         raise config.ConfigError("pyproject.toml: [tool.vllm-fork] needs one default-target line")
     return pinned.encode()

@@ -100,9 +100,8 @@ def bench(args) -> dict:
     v_all = torch.randn(reqs * ctx, kv_heads, hd, generator=gen).to(dtype)
     pos = torch.arange(ctx)
     slots = torch.cat([block_table[r, pos // bs].long() * bs + pos % bs for r in range(reqs)])
-    new_slots = torch.cat([block_table[r, (pos[-qlen:]) // bs].long() * bs + pos[-qlen:] % bs
-                           for r in range(reqs)])
-    new_k, new_v = k_all[:reqs * qlen].clone(), v_all[:reqs * qlen].clone()
+    new_slots = torch.cat([block_table[r, (pos[-qlen:]) // bs].long() * bs + pos[-qlen:] % bs for r in range(reqs)])
+    new_k, new_v = k_all[: reqs * qlen].clone(), v_all[: reqs * qlen].clone()
 
     configs = [("kernel auto", "auto", "kernel")]
     if kernels_fp8:
@@ -119,8 +118,7 @@ def bench(args) -> dict:
             if path == "torch":
                 torch_fp8.reshape_and_cache(k, v, key_cache, value_cache, s, 1.0, 1.0, kv_dtype)
             else:
-                torch.ops._C.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, s, isa,
-                                                        1.0, 1.0, kv_dtype)
+                torch.ops._C.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, s, isa, 1.0, 1.0, kv_dtype)
 
         write(k_all, v_all, slots)
         row = {"isa": isa if path == "kernel" else "torch"}
@@ -128,23 +126,60 @@ def bench(args) -> dict:
         for causal in (True, False):
             out = torch.empty_like(query)
             if path == "torch":
+
                 def read():
                     torch_fp8.attention_with_kv_cache(
-                        query, key_cache, value_cache, out, qsl, seq_lens, 1 / math.sqrt(hd), causal,
-                        None, (-1, -1), block_table, 0.0, None, 1.0, 1.0, kv_dtype)
+                        query,
+                        key_cache,
+                        value_cache,
+                        out,
+                        qsl,
+                        seq_lens,
+                        1 / math.sqrt(hd),
+                        causal,
+                        None,
+                        (-1, -1),
+                        block_table,
+                        0.0,
+                        None,
+                        1.0,
+                        1.0,
+                        kv_dtype,
+                    )
             else:
-                meta = torch.ops._C.get_scheduler_metadata(reqs, heads, kv_heads, hd, seq_lens, dtype,
-                                                           qsl, causal, -1, isa, False)
+                meta = torch.ops._C.get_scheduler_metadata(
+                    reqs, heads, kv_heads, hd, seq_lens, dtype, qsl, causal, -1, isa, False
+                )
 
                 def read():
                     torch.ops._C.cpu_attention_with_kv_cache(
-                        query, key_cache, value_cache, out, qsl, seq_lens, 1 / math.sqrt(hd), causal,
-                        None, -1, -1, block_table, 0.0, meta, None, 1.0, 1.0, kv_dtype)
+                        query,
+                        key_cache,
+                        value_cache,
+                        out,
+                        qsl,
+                        seq_lens,
+                        1 / math.sqrt(hd),
+                        causal,
+                        None,
+                        -1,
+                        -1,
+                        block_table,
+                        0.0,
+                        meta,
+                        None,
+                        1.0,
+                        1.0,
+                        kv_dtype,
+                    )
+
             row["causal_read_s" if causal else "noncausal_read_s"] = _median_s(read, args.repeats)
         results[name] = row
-        print(f"{name:12s} isa={row['isa']:6s} write {row['write_s'] * 1e3:8.3f} ms  "
-              f"causal read {row['causal_read_s'] * 1e3:8.3f} ms  "
-              f"non-causal read {row['noncausal_read_s'] * 1e3:8.3f} ms")
+        print(
+            f"{name:12s} isa={row['isa']:6s} write {row['write_s'] * 1e3:8.3f} ms  "
+            f"causal read {row['causal_read_s'] * 1e3:8.3f} ms  "
+            f"non-causal read {row['noncausal_read_s'] * 1e3:8.3f} ms"
+        )
 
     ratios = {}
     for base in ("kernel fp8", "kernel auto"):
@@ -156,13 +191,25 @@ def bench(args) -> dict:
     for k, v in ratios.items():
         print(f"{k}: {v}")
     return {
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "avx512": torch.cpu._is_avx512_supported(),
-                    "amx_tile": torch.cpu._is_amx_tile_supported(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "workload": {"num_reqs": reqs, "query_len": qlen, "context": ctx, "num_heads": heads,
-                     "num_kv_heads": kv_heads, "head_size": hd, "block_size": bs, "dtype": "bfloat16"},
-        "results": results, "ratios": ratios,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "avx512": torch.cpu._is_avx512_supported(),
+            "amx_tile": torch.cpu._is_amx_tile_supported(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "workload": {
+            "num_reqs": reqs,
+            "query_len": qlen,
+            "context": ctx,
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_size": hd,
+            "block_size": bs,
+            "dtype": "bfloat16",
+        },
+        "results": results,
+        "ratios": ratios,
     }
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-import triton_attention_cases as cases  # noqa: E402
+import triton_attention_cases as cases
 
 
 def parse_args() -> argparse.Namespace:
@@ -88,8 +88,10 @@ def main() -> None:
     }
     where = torch.cuda.get_device_name() if gpu else "CPU, Triton interpreter (not a speed measurement)"
     print(f"device: {where}")
-    print(f"shape: {batch} requests x ({context} context + {args.block} draft), "
-          f"heads {args.heads[0]}/{args.heads[1]}, head_size {head_size}, {dtype}, {iters} iters")
+    print(
+        f"shape: {batch} requests x ({context} context + {args.block} draft), "
+        f"heads {args.heads[0]}/{args.heads[1]}, head_size {head_size}, {dtype}, {iters} iters"
+    )
     print(f"{'kv dtype':<10}{'causal':<8}{'median us':>12}")
     for r in rows:
         print(f"{r['kv_dtype']:<10}{str(r['causal']):<8}{r['median_us']:>12.1f}")

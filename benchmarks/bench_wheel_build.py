@@ -54,7 +54,9 @@ def main() -> None:
         build = statistics.median(times)
         naive = recompress_seconds(base)
         verdict = "ok" if build <= 10 else "MISSED"
-        print(f"{name:<6} {base.stat().st_size / 1e6:>8.1f} {build:>8.2f} {naive:>13.2f} {naive / build:>6.1f}x  {verdict}")
+        print(
+            f"{name:<6} {base.stat().st_size / 1e6:>8.1f} {build:>8.2f} {naive:>13.2f} {naive / build:>6.1f}x  {verdict}"
+        )
 
 
 if __name__ == "__main__":

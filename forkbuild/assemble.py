@@ -15,8 +15,8 @@ from pathlib import Path
 
 from . import patching, wheelzip
 from .base import find_base_wheel
-from .config import ForkConfig, Target
 from .build_request import BuildRequest
+from .config import ForkConfig, Target
 
 PACKAGE = "vllm"
 PROVENANCE_PATH = "vllm/_fork_provenance.json"
@@ -39,8 +39,9 @@ def overlay_files(config: ForkConfig) -> dict[str, bytes]:
     return files
 
 
-def _check_overlay(overlay: dict[str, bytes], base_names: set[str], base_name: str,
-                   series: tuple[patching.Patch, ...]) -> None:
+def _check_overlay(
+    overlay: dict[str, bytes], base_names: set[str], base_name: str, series: tuple[patching.Patch, ...]
+) -> None:
     clashes = sorted(path for path in overlay if path in base_names)
     if clashes:
         raise BuildError(
@@ -55,8 +56,10 @@ def _check_overlay(overlay: dict[str, bytes], base_names: set[str], base_name: s
         )
     in_patches = sorted(fd.path for p in series for fd in p.files if fd.path.startswith(OVERLAY_PACKAGE))
     if in_patches:
-        raise BuildError(f"patches change {in_patches}: {OVERLAY_PACKAGE} is the fork's own code, "
-                         "edit it in the repository's vllm/fork/")
+        raise BuildError(
+            f"patches change {in_patches}: {OVERLAY_PACKAGE} is the fork's own code, "
+            "edit it in the repository's vllm/fork/"
+        )
 
 
 def _record_hash(data: bytes) -> str:
@@ -64,9 +67,18 @@ def _record_hash(data: bytes) -> str:
 
 
 # Fields of the base's METADATA that describe its publisher, not this fork.
-_PUBLISHER_FIELDS = {"Author", "Author-email", "Maintainer", "Maintainer-email", "Home-page",
-                     "Project-URL", "Download-URL", "Summary", "Requires-Python",
-                     "Description-Content-Type"}
+_PUBLISHER_FIELDS = {
+    "Author",
+    "Author-email",
+    "Maintainer",
+    "Maintainer-email",
+    "Home-page",
+    "Project-URL",
+    "Download-URL",
+    "Summary",
+    "Requires-Python",
+    "Description-Content-Type",
+}
 UPSTREAM_URL = "https://github.com/vllm-project/vllm"
 
 
@@ -130,12 +142,17 @@ def provenance(request: BuildRequest, overlay: dict[str, bytes]) -> bytes:
     provenance = {
         "fork_version": request.version,
         "target": target.name,
-        "base": {"dist": target.dist, "version": target.version,
-                 "filename": target.filename, "sha256": target.sha256},
-        "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
-                     "origin": p.fields.get("Origin", ""),
-                     "applied_upstream": p.fields.get("Applied-Upstream", "")}
-                    for p in request.kept_patches],
+        "base": {"dist": target.dist, "version": target.version, "filename": target.filename, "sha256": target.sha256},
+        "patches": [
+            {
+                "name": p.name,
+                "sha256": p.sha256,
+                "subject": p.subject,
+                "origin": p.fields.get("Origin", ""),
+                "applied_upstream": p.fields.get("Applied-Upstream", ""),
+            }
+            for p in request.kept_patches
+        ],
         "skipped_patches": list(request.left_out),
         "overlay": sorted(overlay),
     }
@@ -209,18 +226,16 @@ def _members(request: BuildRequest, base: _Base, files: dict[str, bytes]):
         add(name, pending[name])
 
     for info in base.infos:
-        leaf = info.filename[len(base.dist_info) + 1:]
+        leaf = info.filename[len(base.dist_info) + 1 :]
         if not info.filename.startswith(base.dist_info + "/") or leaf in ("RECORD", "WHEEL", "METADATA"):
             continue
         members.append(wheelzip.raw_member(base.archive, info, f"{dist_info}/{leaf}"))
         rows.append([f"{dist_info}/{leaf}"] + base.record.get(info.filename, ["", "", ""])[1:])
     target = request.target
-    metadata = _rewrite_metadata(base.archive.read(f"{base.dist_info}/METADATA").decode(),
-                                 request.config, target, request.version)
-    wheel_meta = (
-        "Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\n"
-        f"Tag: {target.wheel_tag}\n"
+    metadata = _rewrite_metadata(
+        base.archive.read(f"{base.dist_info}/METADATA").decode(), request.config, target, request.version
     )
+    wheel_meta = f"Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\nTag: {target.wheel_tag}\n"
     add(f"{dist_info}/METADATA", metadata.encode())
     add(f"{dist_info}/WHEEL", wheel_meta.encode())
     rows.append([f"{dist_info}/RECORD", "", ""])

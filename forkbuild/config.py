@@ -72,14 +72,16 @@ class ForkConfig:
                 f"this sdist builds the {self.sdist_target!r} target "
                 f"(vllm {self.fork_version(self.targets[self.sdist_target])}), not {name!r} "
                 f"({origin}); use the {name!r} sdist"
-                + (f" (vllm {self.fork_version(other)}, made with {TARGET_ENV}={name} "
-                   f"python -m build --sdist)" if other else "")
+                + (
+                    f" (vllm {self.fork_version(other)}, made with {TARGET_ENV}={name} python -m build --sdist)"
+                    if other
+                    else ""
+                )
                 + ", a checkout, or the git URL"
             )
         if name not in self.targets:
             raise ConfigError(
-                f"unknown build target {name!r} ({origin}); "
-                f"valid targets: {', '.join(sorted(self.targets))}"
+                f"unknown build target {name!r} ({origin}); valid targets: {', '.join(sorted(self.targets))}"
             )
         return self.targets[name]
 

@@ -28,7 +28,6 @@ import hashlib
 import re
 from pathlib import Path
 
-
 DEP3_FIELDS = (
     "Origin",
     "Bug",
@@ -99,9 +98,7 @@ def parse_patch(name: str, raw: bytes) -> Patch:
     head, sep, diff = raw.partition(b"\ndiff --git ")
     if not sep:
         raise PatchError(f"{name}: no 'diff --git' section; is it a git format-patch file?")
-    message = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(
-        head.split(b"\n---\n", 1)[0] + b"\n"
-    )
+    message = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(head.split(b"\n---\n", 1)[0] + b"\n")
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(message["Subject"] or "").split()))
     body = message.get_payload(decode=True) or b""
     description_lines, fields = [], {}
@@ -135,10 +132,7 @@ def _parse_diff(name: str, diff: bytes) -> list[FileDiff]:
         while i < len(lines) and not lines[i].startswith((b"@@", b"diff --git ")):
             meta = lines[i].decode()
             if meta.startswith(("deleted file mode", "rename ", "copy ")):
-                raise PatchError(
-                    f"{name}: {path}: patches may change and add files, not delete, "
-                    "rename or copy them"
-                )
+                raise PatchError(f"{name}: {path}: patches may change and add files, not delete, rename or copy them")
             if meta.startswith("new file mode"):
                 is_new = True
             if meta.startswith("GIT binary patch"):
@@ -270,8 +264,13 @@ def _unique_places(patch: Patch, fd: FileDiff, lines: list[bytes]) -> list[int]:
         size = len(hunk.old_lines)
         places = places_of(hunk.old_lines, lines) if size else []
         if len(places) != 1 or places[0] < lowest:
-            where = ("nowhere" if not places else f"at {len(places)} places" if len(places) > 1
-                     else "only before an earlier hunk")
+            where = (
+                "nowhere"
+                if not places
+                else f"at {len(places)} places"
+                if len(places) > 1
+                else "only before an earlier hunk"
+            )
             raise PatchError(
                 f"patch {patch.name} does not apply: file {fd.path}, hunk '{hunk.header}': "
                 f"its context stands {where} in this file"
@@ -420,11 +419,7 @@ def read_series(patches_dir: Path) -> list[Patch]:
     series_file = patches_dir / "series"
     if not series_file.is_file():
         raise PatchError(f"{series_file} is missing: it lists the patch files in order")
-    names = [
-        line.strip()
-        for line in series_file.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    names = [line.strip() for line in series_file.read_text().splitlines() if line.strip() and not line.startswith("#")]
     listed = set(names)
     unlisted = sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed)
     if unlisted:

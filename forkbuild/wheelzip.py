@@ -91,16 +91,39 @@ def write_zip(path: Path, members: list[Member]) -> None:
                 raise ValueError(f"{path}: {member.name} needs zip64, which is not supported")
             out.write(
                 _LOCAL.pack(
-                    0x04034B50, 20, flags, member.method, member.dos_time, member.dos_date,
-                    member.crc, len(member.compressed), member.size, len(name), 0,
+                    0x04034B50,
+                    20,
+                    flags,
+                    member.method,
+                    member.dos_time,
+                    member.dos_date,
+                    member.crc,
+                    len(member.compressed),
+                    member.size,
+                    len(name),
+                    0,
                 )
             )
             out.write(name)
             out.write(member.compressed)
             central += _CENTRAL.pack(
-                0x02014B50, _VERSION_MADE_BY, 20, flags, member.method, member.dos_time,
-                member.dos_date, member.crc, len(member.compressed), member.size, len(name),
-                0, 0, 0, 0, member.external_attr, offset,
+                0x02014B50,
+                _VERSION_MADE_BY,
+                20,
+                flags,
+                member.method,
+                member.dos_time,
+                member.dos_date,
+                member.crc,
+                len(member.compressed),
+                member.size,
+                len(name),
+                0,
+                0,
+                0,
+                0,
+                member.external_attr,
+                offset,
             )
             central += name
         start = out.tell()

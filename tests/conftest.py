@@ -112,8 +112,12 @@ NECESSITY_WITH_EXTENDED_ENV = "VLLM_FORK_NECESSITY_WITH_EXTENDED"
 
 # What tools/run_tests.sh runs a second time on AVX-512/AMX CPUs, as a CPU
 # without them (VLLM_FORK_TEST_NO_AVX512=1): `pytest -m no_avx512_pass`.
-NO_AVX512_PASS_FILES = ("kernels/test_cpu_torch_fp8_kv.py", "kernels/test_cpu_noncausal_attention.py",
-                        "cpu_e2e/test_dflash_kv.py", "cpu_e2e/test_dflash_families.py")
+NO_AVX512_PASS_FILES = (
+    "kernels/test_cpu_torch_fp8_kv.py",
+    "kernels/test_cpu_noncausal_attention.py",
+    "cpu_e2e/test_dflash_kv.py",
+    "cpu_e2e/test_dflash_families.py",
+)
 # The necessity proofs of the patches whose guards take the fp8 KV path.
 NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0005", "0012")
 
@@ -123,8 +127,9 @@ def _in_no_avx512_pass(item) -> bool:
     if rel in NO_AVX512_PASS_FILES:
         return True
     callspec = getattr(item, "callspec", None)
-    return (rel == "necessity/test_patches_are_needed.py" and callspec is not None
-            and callspec.id in NO_AVX512_PASS_PATCHES)
+    return (
+        rel == "necessity/test_patches_are_needed.py" and callspec is not None and callspec.id in NO_AVX512_PASS_PATCHES
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselect and before xdist reads the groups

@@ -8,7 +8,7 @@ from pathlib import Path
 # own directory, tools/, is on sys.path already.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fork_maintainer.cli import main  # noqa: E402
+from fork_maintainer.cli import main
 
 if __name__ == "__main__":
     main()

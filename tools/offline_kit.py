@@ -66,8 +66,9 @@ def sha256_of(path: Path) -> str:
 
 def _pip(python: str, *args: str, env: dict | None = None) -> None:
     cmd = [python, "-m", "pip", "--disable-pip-version-check", *args]
-    result = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    result = subprocess.run(
+        cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     if result.returncode != 0:
         raise KitError(f"{' '.join(cmd)} failed (exit {result.returncode}):\n{result.stdout[-4000:]}")
 
@@ -104,8 +105,9 @@ def without_system_packages(items: list[dict], system: tuple[str, ...]) -> tuple
     does not enter them. Returns the kept items and the names left out."""
     by_name = {canonicalize_name(item["metadata"]["name"]): item for item in items}
     skip = {canonicalize_name(name) for name in system}
-    queue = [(name, frozenset(item.get("requested_extras") or ())) for name, item in by_name.items()
-             if item.get("requested")]
+    queue = [
+        (name, frozenset(item.get("requested_extras") or ())) for name, item in by_name.items() if item.get("requested")
+    ]
     seen, kept = set(), set()
     while queue:
         name, extras = queue.pop()
@@ -125,20 +127,39 @@ def download(items: list[dict], fork_wheel: Path, wheels: Path) -> None:
     """Every resolved file into `wheels`, each checked against the sha256 pip resolved."""
     not_wheels = [_file_name(i) for i in items if not _file_name(i).endswith(".whl")]
     if not_wheels:
-        raise KitError("these resolve to source archives, which the box would have to build: "
-                       + ", ".join(not_wheels) + "; pin versions that publish wheels with --with-requirements")
+        raise KitError(
+            "these resolve to source archives, which the box would have to build: "
+            + ", ".join(not_wheels)
+            + "; pin versions that publish wheels with --with-requirements"
+        )
     pinned = wheels.parent / "download.txt"
-    pinned.write_text("".join(
-        f"{i['metadata']['name']}=={i['metadata']['version']} --hash=sha256:{i['download_info']['archive_info']['hashes']['sha256']}\n"
-        for i in items if Path(_file_name(i)).name != fork_wheel.name))
-    _pip(sys.executable, "download", "-q", "--no-deps", "--only-binary=:all:", "--require-hashes",
-         "-d", str(wheels), "-r", str(pinned))
+    pinned.write_text(
+        "".join(
+            f"{i['metadata']['name']}=={i['metadata']['version']} --hash=sha256:{i['download_info']['archive_info']['hashes']['sha256']}\n"
+            for i in items
+            if Path(_file_name(i)).name != fork_wheel.name
+        )
+    )
+    _pip(
+        sys.executable,
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "-d",
+        str(wheels),
+        "-r",
+        str(pinned),
+    )
     pinned.unlink()
     expected = {_file_name(i): i["download_info"]["archive_info"]["hashes"]["sha256"] for i in items}
     present = {p.name for p in wheels.iterdir()}
     if present != set(expected):
-        raise KitError(f"downloaded files differ from the resolution: missing {sorted(set(expected) - present)}, "
-                       f"unexpected {sorted(present - set(expected))}")
+        raise KitError(
+            f"downloaded files differ from the resolution: missing {sorted(set(expected) - present)}, "
+            f"unexpected {sorted(present - set(expected))}"
+        )
     for name, digest in expected.items():
         if sha256_of(wheels / name) != digest:
             raise KitError(f"{name}: sha256 differs from the one pip resolved ({digest})")
@@ -150,8 +171,11 @@ def write_lock(wheels: Path, lock: Path) -> list[str]:
     for path in sorted(wheels.glob("*.whl")):
         name, version, _, _ = parse_wheel_filename(path.name)
         lines.append(f"{name}=={version} --hash=sha256:{sha256_of(path)}")
-    lock.write_text("# Hash-pinned: pip install --no-index --find-links wheels --require-hashes -r requirements.lock\n"
-                    + "\n".join(lines) + "\n")
+    lock.write_text(
+        "# Hash-pinned: pip install --no-index --find-links wheels --require-hashes -r requirements.lock\n"
+        + "\n".join(lines)
+        + "\n"
+    )
     return lines
 
 
@@ -201,7 +225,7 @@ def split_payload(kit: Path, part_size: int) -> dict:
                 whole.update(chunk)
                 self.left -= len(chunk)
                 parts[-1]["size"] += len(chunk)
-                view = view[len(chunk):]
+                view = view[len(chunk) :]
             return len(data)
 
         def close_part(self):
@@ -218,9 +242,13 @@ def split_payload(kit: Path, part_size: int) -> dict:
     for name in payload:
         path = kit / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    manifest = {"format": KIT_FORMAT, "part_size": part_size, "parts": parts,
-                KIT_INFO: {"sha256": sha256_of(kit / KIT_INFO)},
-                "whole": {"name": "kit.tar", "size": sum(p["size"] for p in parts), "sha256": whole.hexdigest()}}
+    manifest = {
+        "format": KIT_FORMAT,
+        "part_size": part_size,
+        "parts": parts,
+        KIT_INFO: {"sha256": sha256_of(kit / KIT_INFO)},
+        "whole": {"name": "kit.tar", "size": sum(p["size"] for p in parts), "sha256": whole.hexdigest()},
+    }
     (kit / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -238,8 +266,11 @@ def make(args: argparse.Namespace) -> None:
     left_out: list[str] = []
     if args.use_system_torch:
         items, left_out = without_system_packages(items, SYSTEM_TORCH_PACKAGES)
-    print(f"==> downloading {len(items) - 1} wheels"
-          + (f" (left to the box's torch: {', '.join(left_out)})" if left_out else ""), file=sys.stderr)
+    print(
+        f"==> downloading {len(items) - 1} wheels"
+        + (f" (left to the box's torch: {', '.join(left_out)})" if left_out else ""),
+        file=sys.stderr,
+    )
     download(items, fork_wheel, wheels)
     lock = write_lock(wheels, kit / "requirements.lock")
     src_files = write_source_tar(Path(args.root), kit / "src.tar")

@@ -63,7 +63,11 @@ def _extract(tar: tarfile.TarFile, dest: Path) -> None:
         tar.extractall(dest, filter="data")
     else:  # pragma: no cover - Pythons without extraction filters
         for member in tar:
-            if member.name.startswith("/") or ".." in Path(member.name).parts or not (member.isfile() or member.isdir()):
+            if (
+                member.name.startswith("/")
+                or ".." in Path(member.name).parts
+                or not (member.isfile() or member.isdir())
+            ):
                 raise KitError(f"kit.tar holds {member.name!r}, which a kit never does: make the kit again")
             tar.extract(member, dest)
 
@@ -74,8 +78,10 @@ def join_parts(kit: Path, dest: Path) -> None:
     parts = manifest["parts"]
     missing = [p["name"] for p in parts + [{"name": "kit.json"}] if not (kit / p["name"]).is_file()]
     if missing:
-        raise KitError(f"{len(missing)} of {len(parts) + 1} files are missing from {kit}: {', '.join(missing)}; "
-                       "copy them beside MANIFEST.json (same names) and run install.sh again")
+        raise KitError(
+            f"{len(missing)} of {len(parts) + 1} files are missing from {kit}: {', '.join(missing)}; "
+            "copy them beside MANIFEST.json (same names) and run install.sh again"
+        )
     bad = []
     for part in parts:
         path = kit / part["name"]
@@ -94,8 +100,9 @@ def join_parts(kit: Path, dest: Path) -> None:
     while stream.read():  # tar's end padding
         pass
     if stream.digest.hexdigest() != manifest["whole"]["sha256"] or stream.size != manifest["whole"]["size"]:
-        raise KitError("the joined parts differ from the kit that was split (MANIFEST.json's whole sha256): "
-                       "make the kit again")
+        raise KitError(
+            "the joined parts differ from the kit that was split (MANIFEST.json's whole sha256): make the kit again"
+        )
     shutil.copy2(kit / "kit.json", dest / "kit.json")
 
 
@@ -111,15 +118,19 @@ def verify_wheels(payload: Path) -> list[str]:
     missing = [spec for digest, spec in expected.items() if digest not in actual]
     extra = [name for digest, name in actual.items() if digest not in expected]
     if missing or extra:
-        raise KitError("wheels/ and requirements.lock disagree"
-                       + (f"; no wheel with the locked hash for: {', '.join(missing)}" if missing else "")
-                       + (f"; not in the lock: {', '.join(extra)}" if extra else "") + ": make the kit again")
+        raise KitError(
+            "wheels/ and requirements.lock disagree"
+            + (f"; no wheel with the locked hash for: {', '.join(missing)}" if missing else "")
+            + (f"; not in the lock: {', '.join(extra)}" if extra else "")
+            + ": make the kit again"
+        )
     return list(expected.values())
 
 
 def _python_version(python: str) -> str:
-    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise KitError(f"{python} does not run: {out.stderr.strip()}")
     return out.stdout.strip()
@@ -137,13 +148,17 @@ def install(payload: Path, venv: Path, system_site: bool) -> None:
     try:
         if venv.exists():
             if not python.exists():
-                raise KitError(f"{venv} exists but is not a virtual environment (no bin/python): name a new "
-                               "directory or an existing venv")
+                raise KitError(
+                    f"{venv} exists but is not a virtual environment (no bin/python): name a new "
+                    "directory or an existing venv"
+                )
         else:
-            running = "%d.%d" % sys.version_info[:2]
+            running = "{}.{}".format(*sys.version_info[:2])
             if running != info["python"]:
-                raise KitError(f"this kit is for Python {info['python']}, not {running} ({sys.executable}): "
-                               f"run install.sh VENV --python python{info['python']}")
+                raise KitError(
+                    f"this kit is for Python {info['python']}, not {running} ({sys.executable}): "
+                    f"run install.sh VENV --python python{info['python']}"
+                )
             cmd = [sys.executable, "-m", "venv", str(venv)]
             if system_site or info["system_torch"]:
                 cmd.insert(3, "--system-site-packages")
@@ -151,8 +166,10 @@ def install(payload: Path, venv: Path, system_site: bool) -> None:
             created = True
         have = _python_version(str(python))
         if have != info["python"]:
-            raise KitError(f"{venv} runs Python {have}; this kit is for Python {info['python']}: "
-                           f"use a venv of Python {info['python']} or make a kit with --python {have}")
+            raise KitError(
+                f"{venv} runs Python {have}; this kit is for Python {info['python']}: "
+                f"use a venv of Python {info['python']} or make a kit with --python {have}"
+            )
         if info["system_torch"]:
             torch = _system_torch(str(python))
             if torch.split("+")[0] != info["torch"]:
@@ -160,11 +177,23 @@ def install(payload: Path, venv: Path, system_site: bool) -> None:
                     f"this kit leaves torch to the system (made with --use-system-torch) and needs torch "
                     f"{info['torch']}, but {venv} has {'torch ' + torch if torch else 'no torch'}: create the venv "
                     f"from a Python that has torch {info['torch']} (with --system-site-packages), or make a kit "
-                    "without --use-system-torch")
+                    "without --use-system-torch"
+                )
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull  # the kit is the only source, whatever the box's pip config says
-        cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
-               "--find-links", str(payload / "wheels"), "--require-hashes", "-r", str(payload / "requirements.lock")]
+        cmd = [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--find-links",
+            str(payload / "wheels"),
+            "--require-hashes",
+            "-r",
+            str(payload / "requirements.lock"),
+        ]
         print(f"==> installing {info['wheels']} wheels into {venv} (no index, hashes required)", file=sys.stderr)
         result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if result.returncode != 0:
@@ -206,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
             specs = verify_wheels(payload)
             info = json.loads((payload / "kit.json").read_text())
             if args.check:
-                print(f"kit ok: {info['fork_version']} ({info['target']}) for Python {info['python']} on "
-                      f"{info['platform']}, {len(specs)} wheels"
-                      + (f", torch {info['torch']} from the system" if info["system_torch"] else ""))
+                print(
+                    f"kit ok: {info['fork_version']} ({info['target']}) for Python {info['python']} on "
+                    f"{info['platform']}, {len(specs)} wheels"
+                    + (f", torch {info['torch']} from the system" if info["system_torch"] else "")
+                )
                 return 0
             install(payload, Path(args.venv).absolute(), args.system_site_packages)
     except KitError as exc:

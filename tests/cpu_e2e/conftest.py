@@ -3,9 +3,8 @@ the tiny pairs in tests/support/tiny_pair_fixtures.py."""
 
 from __future__ import annotations
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)

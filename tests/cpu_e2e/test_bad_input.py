@@ -12,9 +12,8 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 
 START_TIMEOUT_S = 240
 

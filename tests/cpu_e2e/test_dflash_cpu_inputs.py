@@ -39,8 +39,13 @@ def _case(rng: random.Random):
         positions += list(range(start, start + n))
     max_blocks = (max(positions) + nq) // block_size + 1 + rng.randint(0, 3)
     stride = max_blocks + rng.randint(0, 2)
-    block_table = torch.randint(0, 5000, (num_reqs + rng.randint(0, 2), stride), dtype=torch.int32,
-                                generator=torch.Generator().manual_seed(rng.randint(0, 10**6)))
+    block_table = torch.randint(
+        0,
+        5000,
+        (num_reqs + rng.randint(0, 2), stride),
+        dtype=torch.int32,
+        generator=torch.Generator().manual_seed(rng.randint(0, 10**6)),
+    )
     max_query = num_reqs * nq
     return dict(
         inputs=dict(
@@ -135,7 +140,9 @@ def triton_kernel(tmp_path_factory):
 
     src_path = Path(su.__file__)
     tree = ast.parse(src_path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "copy_and_expand_dflash_inputs_kernel")
+    fn = next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "copy_and_expand_dflash_inputs_kernel"
+    )
     lines = src_path.read_text().splitlines(keepends=True)
     start = min(d.lineno for d in fn.decorator_list) - 1
     src = "".join(lines[start : fn.end_lineno])

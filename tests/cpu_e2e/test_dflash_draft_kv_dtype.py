@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
 import dflash_e2e as e2e
 import lossless
+import pytest
+import torch
 from draft_counts import DraftCounts
 
 # Not a guard of the patch for the necessity proofs: the config tests are
@@ -45,9 +44,12 @@ MIN_ACCEPTANCE_LENGTH = 1.5
 
 
 def _combinations():
-    return [pytest.param((t, d), id=f"target-{t}-draft-{d}",
-                         marks=() if (t, d) in PER_COMMIT else pytest.mark.extended)
-            for t in DTYPES for d in DTYPES if t != d]
+    return [
+        pytest.param((t, d), id=f"target-{t}-draft-{d}", marks=() if (t, d) in PER_COMMIT else pytest.mark.extended)
+        for t in DTYPES
+        for d in DTYPES
+        if t != d
+    ]
 
 
 def prompts() -> list:
@@ -62,8 +64,7 @@ _references: dict[str, list] = {}
 def reference(pair, target_dtype: str) -> list:
     """Target-only greedy ids with a ``target_dtype`` cache, no prefix caching."""
     if target_dtype not in _references:
-        llm = e2e.start_llm(("text-target", target_dtype), model=pair[0], dtype="float32",
-                            kv_cache_dtype=target_dtype)
+        llm = e2e.start_llm(("text-target", target_dtype), model=pair[0], dtype="float32", kv_cache_dtype=target_dtype)
         _references[target_dtype], _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
         e2e.shutdown_llm()
     return _references[target_dtype]
@@ -81,10 +82,15 @@ def mixed(combination, text_pair):
     prompts (counters per pass)."""
     target_dtype, draft_dtype = combination
     target, draft = text_pair
-    llm = e2e.start_llm(("text-mixed", target_dtype, draft_dtype), model=target, dtype="float32",
-                        kv_cache_dtype=target_dtype, block_size=BLOCK_SIZE,
-                        enable_prefix_caching=True,
-                        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype=draft_dtype))
+    llm = e2e.start_llm(
+        ("text-mixed", target_dtype, draft_dtype),
+        model=target,
+        dtype="float32",
+        kv_cache_dtype=target_dtype,
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype=draft_dtype),
+    )
     names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries"}
     passes = []
     for _ in range(2):
@@ -92,9 +98,15 @@ def mixed(combination, text_pair):
         ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
         after = e2e.spec_metrics(llm), {k: e2e.engine_counter(llm, n) for k, n in names.items()}
         counts = DraftCounts.between(before[0], after[0])
-        passes.append({"ids": ids, "drafts": counts.drafts, "accepted": counts.accepted,
-                       "mean acceptance length": round(counts.mean_acceptance_length, 3),
-                       **{k: int(after[1][k] - before[1][k]) for k in names}})
+        passes.append(
+            {
+                "ids": ids,
+                "drafts": counts.drafts,
+                "accepted": counts.accepted,
+                "mean acceptance length": round(counts.mean_acceptance_length, 3),
+                **{k: int(after[1][k] - before[1][k]) for k in names},
+            }
+        )
     state = llm.collective_rpc(e2e.worker_kv_state)[0]
     e2e.shutdown_llm()
     return {"passes": passes, "state": state}
@@ -126,12 +138,15 @@ def test_capacity_is_what_the_per_layer_bytes_give(combination, mixed, measureme
 
     expected = tokens(lambda role: target_dtype if role == "target" else draft_dtype)
     measured = state["num_blocks"] * state["block_size"]
-    figures = {f"all {target_dtype}": tokens(lambda role: target_dtype),
-               f"target {target_dtype} + drafter {draft_dtype} (measured)": measured,
-               f"target {target_dtype} + drafter {draft_dtype} (per-layer bytes)": expected,
-               f"all {draft_dtype}": tokens(lambda role: draft_dtype)}
-    measurements[f"KV tokens at {os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, target {target_dtype}, "
-                 f"drafter {draft_dtype}"] = figures
+    figures = {
+        f"all {target_dtype}": tokens(lambda role: target_dtype),
+        f"target {target_dtype} + drafter {draft_dtype} (measured)": measured,
+        f"target {target_dtype} + drafter {draft_dtype} (per-layer bytes)": expected,
+        f"all {draft_dtype}": tokens(lambda role: draft_dtype),
+    }
+    measurements[
+        f"KV tokens at {os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, target {target_dtype}, drafter {draft_dtype}"
+    ] = figures
     print(f"\n[e2e] KV capacity in tokens: {figures}")
     assert abs(measured - expected) <= expected * 0.02, figures
 
@@ -144,8 +159,9 @@ def test_prefix_cache_hits_keep_output_and_acceptance(combination, mixed, text_p
     measurements[f"target {target_dtype} + drafter {draft_dtype}, float32, prefix caching"] = summary
     print(f"\n[e2e] target {target_dtype}, drafter {draft_dtype}: {summary}")
     for i, run in enumerate(mixed["passes"]):
-        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))],
-                                      run["ids"], want, dtype="float32")
+        report = lossless.compare_all(
+            [f"pass {i + 1} prompt {j}" for j in range(len(want))], run["ids"], want, dtype="float32"
+        )
         assert report.ok and len(report.exact) == len(want), report.explain()
     # A prompt spans two full blocks. With a drafter, vLLM computes the last
     # block of a hit again (the drafter needs the target's hidden states
@@ -163,18 +179,27 @@ def test_preemption_and_chunked_prefill_keep_the_output(text_pair, measurements)
     still equals target-only output token for token (float32)."""
     target, draft = text_pair
     want = reference(text_pair, "fp8")
-    llm = e2e.start_llm(("text-mixed-pressure", "fp8", "auto"), model=target, dtype="float32",
-                        kv_cache_dtype="fp8", block_size=BLOCK_SIZE, enable_prefix_caching=False,
-                        num_gpu_blocks_override=16, max_num_batched_tokens=48, max_model_len=256,
-                        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype="auto"))
+    llm = e2e.start_llm(
+        ("text-mixed-pressure", "fp8", "auto"),
+        model=target,
+        dtype="float32",
+        kv_cache_dtype="fp8",
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=False,
+        num_gpu_blocks_override=16,
+        max_num_batched_tokens=48,
+        max_model_len=256,
+        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype="auto"),
+    )
     ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
     preemptions = e2e.engine_counter(llm, "vllm:num_preemptions")
     counts = DraftCounts.read(e2e.spec_metrics(llm))
     e2e.shutdown_llm()
     report = lossless.compare_all([f"prompt {j}" for j in range(len(want))], ids, want, dtype="float32")
     measurements["target fp8 + drafter auto under KV pressure, chunked prefill"] = {
-        **report.summary(), "preemptions": int(preemptions),
-        "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+        **report.summary(),
+        "preemptions": int(preemptions),
+        "mean acceptance length": round(counts.mean_acceptance_length, 3),
+    }
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert preemptions > 0
-

@@ -30,11 +30,10 @@ starts of its own.
 
 from __future__ import annotations
 
-import pytest
-
-from draft_counts import DraftCounts
 import dflash_e2e as e2e
 import lossless
+import pytest
+from draft_counts import DraftCounts
 
 PER_COMMIT = ("qwen3_5_moe",)
 MAX_TOKENS = 64
@@ -67,9 +66,10 @@ def family_reference_runs(family, family_pair):
     """Target-only greedy outputs, fp8 KV, float32, no prefix caching: the
     family prompts, then the prompts that share a long prefix."""
     prompts = e2e.family_prompts()
-    ids = e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS,
-                             prompts=prompts + e2e.shared_prefix_prompts())["ids"]
-    return {"family prompts": ids[:len(prompts)], "shared prefix": ids[len(prompts):]}
+    ids = e2e.family_outputs(
+        family, family_pair, dflash=False, max_tokens=MAX_TOKENS, prompts=prompts + e2e.shared_prefix_prompts()
+    )["ids"]
+    return {"family prompts": ids[: len(prompts)], "shared prefix": ids[len(prompts) :]}
 
 
 @pytest.fixture(scope="module")
@@ -79,33 +79,47 @@ def family_reference(family_reference_runs):
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS, **SMALL_KV,
-                              num_gpu_blocks_override=small_kv_blocks(family))
+    return e2e.family_outputs(
+        family,
+        family_pair,
+        dflash=True,
+        max_tokens=MAX_TOKENS,
+        **SMALL_KV,
+        num_gpu_blocks_override=small_kv_blocks(family),
+    )
 
 
 def test_every_attention_layer_caches_fp8(family, family_dflash):
     layers = family_dflash["state"]["layers"]
     draft = {n: s for n, s in layers.items() if s["role"] == "draft"}
-    print(f"\n[e2e] {family}: " + ", ".join(f"{n}: {s['role']} {s['kv_cache_dtype']}/{s['tensor_dtype']}"
-                                         for n, s in sorted(layers.items())))
+    print(
+        f"\n[e2e] {family}: "
+        + ", ".join(f"{n}: {s['role']} {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(layers.items()))
+    )
     assert len(draft) == 2 and len(layers) > 2, sorted(layers)
     for name, s in sorted(layers.items()):
-        assert (s["kv_cache_dtype"], s["impl_kv_cache_dtype"], s["tensor_dtype"]) == (
-            "fp8", "fp8", "torch.uint8"), (name, s)
+        assert (s["kv_cache_dtype"], s["impl_kv_cache_dtype"], s["tensor_dtype"]) == ("fp8", "fp8", "torch.uint8"), (
+            name,
+            s,
+        )
 
 
-def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash, family_reference,
-                                                          measurements):
+def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash, family_reference, measurements):
     got, want = family_dflash["ids"], family_reference
     keys = [f"prompt {i}" for i in range(len(want))]
     report = lossless.compare_all(keys, got, want, dtype="float32")
     counts = DraftCounts.read(family_dflash["metrics"])
     measurements[f"family {family} (fp8 KV, float32)"] = {
-        **report.summary(), "drafts": counts.drafts, "accepted": counts.accepted,
+        **report.summary(),
+        "drafts": counts.drafts,
+        "accepted": counts.accepted,
         "mean acceptance length": round(counts.mean_acceptance_length, 3),
-        "preemptions": int(family_dflash["preemptions"])}
-    print(f"\n[e2e] {family}: drafts {counts.drafts}, accepted {counts.accepted}, mean acceptance "
-          f"length {counts.mean_acceptance_length:.3f}; {report.explain()}")
+        "preemptions": int(family_dflash["preemptions"]),
+    }
+    print(
+        f"\n[e2e] {family}: drafts {counts.drafts}, accepted {counts.accepted}, mean acceptance "
+        f"length {counts.mean_acceptance_length:.3f}; {report.explain()}"
+    )
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
@@ -133,26 +147,37 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = family_pair
-    spec = e2e.dflash_spec_config(draft, **({} if prefix_drafter_dtype is None
-                                            else {"kv_cache_dtype": prefix_drafter_dtype}))
-    llm = e2e.start_llm((f"family-{family}", "dflash-prefix-caching", prefix_drafter_dtype), model=target,
-                        dtype="float32", kv_cache_dtype="fp8", enable_prefix_caching=True,
-                        speculative_config=spec, **serve_overrides(family))
-    names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries",
-             "drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
+    spec = e2e.dflash_spec_config(
+        draft, **({} if prefix_drafter_dtype is None else {"kv_cache_dtype": prefix_drafter_dtype})
+    )
+    llm = e2e.start_llm(
+        (f"family-{family}", "dflash-prefix-caching", prefix_drafter_dtype),
+        model=target,
+        dtype="float32",
+        kv_cache_dtype="fp8",
+        enable_prefix_caching=True,
+        speculative_config=spec,
+        **serve_overrides(family),
+    )
+    names = {
+        "hits": "vllm:prefix_cache_hits",
+        "queries": "vllm:prefix_cache_queries",
+        "drafts": "vllm:spec_decode_num_drafts",
+        "accepted": "vllm:spec_decode_num_accepted_tokens",
+    }
     passes = []
     for prompts in (e2e.family_prompts(), e2e.shared_prefix_prompts(), e2e.shared_prefix_prompts()):
         before = {k: e2e.engine_counter(llm, n) for k, n in names.items()}
         ids, _ = e2e.generate_ids(llm, prompts, MAX_TOKENS)
-        passes.append({"ids": ids, **{k: int(e2e.engine_counter(llm, n) - before[k])
-                                      for k, n in names.items()}})
+        passes.append({"ids": ids, **{k: int(e2e.engine_counter(llm, n) - before[k]) for k, n in names.items()}})
     state = llm.collective_rpc(e2e.worker_kv_state)[0]
     e2e.shutdown_llm()
     return {"family prompts": passes[0], "shared prefix": passes[1:], "state": state}
 
 
-def test_prefix_cache_hits_keep_the_output(family, family_prefix_cached, family_reference_runs,
-                                           prefix_drafter_dtype, measurements):
+def test_prefix_cache_hits_keep_the_output(
+    family, family_prefix_cached, family_reference_runs, prefix_drafter_dtype, measurements
+):
     """Both passes equal target-only output without prefix caching (float32,
     exact), and the second pass took most of each prompt from the cache. The
     drafter knows none of these long prompts, so acceptance here is near 1
@@ -160,20 +185,24 @@ def test_prefix_cache_hits_keep_the_output(family, family_prefix_cached, family_
     want = family_reference_runs["shared prefix"]
     passes = family_prefix_cached["shared prefix"]
     prompt_tokens = sum(len(p["prompt_token_ids"]) for p in e2e.shared_prefix_prompts())
-    measurements[f"family {family} prefix caching (fp8 KV, float32, drafter "
-                 f"{prefix_drafter_dtype or 'inherits'})"] = [
-        {k: v for k, v in p.items() if k != "ids"} for p in passes]
+    measurements[f"family {family} prefix caching (fp8 KV, float32, drafter {prefix_drafter_dtype or 'inherits'})"] = [
+        {k: v for k, v in p.items() if k != "ids"} for p in passes
+    ]
     for i, run in enumerate(passes):
-        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))],
-                                      run["ids"], want, dtype="float32")
-        print(f"\n[e2e] {family} prefix caching pass {i + 1}: "
-              f"{ {k: v for k, v in run.items() if k != 'ids'} }; {report.explain()}")
+        report = lossless.compare_all(
+            [f"pass {i + 1} prompt {j}" for j in range(len(want))], run["ids"], want, dtype="float32"
+        )
+        print(
+            f"\n[e2e] {family} prefix caching pass {i + 1}: "
+            f"{ {k: v for k, v in run.items() if k != 'ids'} }; {report.explain()}"
+        )
         assert report.ok and len(report.exact) == len(want), report.explain()
     assert passes[1]["hits"] >= prompt_tokens // 2, passes[1]
 
 
-def test_prefix_caching_engine_drafts_and_caches_as_asked(family, family_prefix_cached, family_reference,
-                                                          prefix_drafter_dtype, measurements):
+def test_prefix_caching_engine_drafts_and_caches_as_asked(
+    family, family_prefix_cached, family_reference, prefix_drafter_dtype, measurements
+):
     """The same engine on the family prompts: output equal to target-only
     (float32, exact), the trained drafter accepted; every target attention
     layer caches fp8 and every draft layer the asked dtype. With a float32
@@ -181,19 +210,27 @@ def test_prefix_caching_engine_drafts_and_caches_as_asked(family, family_prefix_
     times the bytes per token: its blocks hold a quarter of the tokens, so
     the target's blocks stay as without a drafter."""
     run = family_prefix_cached["family prompts"]
-    report = lossless.compare_all([f"prompt {i}" for i in range(len(family_reference))], run["ids"],
-                                  family_reference, dtype="float32")
+    report = lossless.compare_all(
+        [f"prompt {i}" for i in range(len(family_reference))], run["ids"], family_reference, dtype="float32"
+    )
     acceptance = 1 + run["accepted"] / max(run["drafts"], 1)
     layers = family_prefix_cached["state"]["layers"]
     blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
     measurements[f"family {family} prefix-caching engine, drafter {prefix_drafter_dtype or 'inherits'}"] = {
-        **report.summary(), "mean acceptance length": round(acceptance, 3), "block tokens": blocks}
-    print(f"\n[e2e] {family}, drafter {prefix_drafter_dtype or 'inherits'}: acceptance {acceptance:.3f}, "
-          f"block tokens {blocks}; {report.explain()}")
+        **report.summary(),
+        "mean acceptance length": round(acceptance, 3),
+        "block tokens": blocks,
+    }
+    print(
+        f"\n[e2e] {family}, drafter {prefix_drafter_dtype or 'inherits'}: acceptance {acceptance:.3f}, "
+        f"block tokens {blocks}; {report.explain()}"
+    )
     assert report.ok and len(report.exact) == len(family_reference), report.explain()
     assert acceptance > MIN_ACCEPTANCE_LENGTH, run
-    want = {"target": ("fp8", "torch.uint8"),
-            "draft": ("fp8", "torch.uint8") if prefix_drafter_dtype is None else ("auto", "torch.float32")}
+    want = {
+        "target": ("fp8", "torch.uint8"),
+        "draft": ("fp8", "torch.uint8") if prefix_drafter_dtype is None else ("auto", "torch.float32"),
+    }
     for name, s in sorted(layers.items()):
         assert (s["kv_cache_dtype"], s["tensor_dtype"]) == want[s["role"]], (name, s)
     if prefix_drafter_dtype is not None:
@@ -202,11 +239,10 @@ def test_prefix_caching_engine_drafts_and_caches_as_asked(family, family_prefix_
 
 def test_small_kv_cache_preempts(family, family_dflash):
     """The equality above held while blocks were reused and requests preempted."""
-    print(f"\n[e2e] {family}: {family_dflash['preemptions']:.0f} preemptions with "
-          f"{small_kv_blocks(family)} KV blocks")
+    print(f"\n[e2e] {family}: {family_dflash['preemptions']:.0f} preemptions with {small_kv_blocks(family)} KV blocks")
     assert family_dflash["preemptions"] > 0, (
-        f"no preemption with {small_kv_blocks(family)} KV blocks: the batch did not put the KV "
-        "cache under pressure")
+        f"no preemption with {small_kv_blocks(family)} KV blocks: the batch did not put the KV cache under pressure"
+    )
 
 
 @pytest.mark.extended
@@ -230,26 +266,34 @@ def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measuremen
     shutil.copytree(os.path.dirname(e2e.make_family_pair("qwen3_5_moe")[0]), tmp_path / "fam")
     generate, serve = commands(block_with("bash", "python -m vllm.fork.tiny_families"))
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    proc = subprocess.run(["bash", "-c", generate], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0 and "up to date, kept" in proc.stdout, (proc.returncode, proc.stdout,
-                                                                         proc.stderr[-3000:])
+    proc = subprocess.run(["bash", "-c", generate], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "up to date, kept" in proc.stdout, (
+        proc.returncode,
+        proc.stdout,
+        proc.stderr[-3000:],
+    )
     words = shlex.split(serve)
-    server_env = dict(w.split("=", 1) for w in words[:words.index("vllm")])
-    model, *args = words[words.index("serve") + 1:]
+    server_env = dict(w.split("=", 1) for w in words[: words.index("vllm")])
+    model, *args = words[words.index("serve") + 1 :]
     record = json.loads((tmp_path / "fam" / "draft" / "dflash_training.json").read_text())
     with VllmServer(model, args, tmp_path / "server.log", env=server_env, cwd=tmp_path) as server:
         for ids in record["prompt_token_ids"]:
-            status, text = server.post("/v1/completions", {
-                "model": server.model_id(), "prompt": ids, "max_tokens": MAX_TOKENS,
-                "temperature": 0.0, "ignore_eos": True})
+            status, text = server.post(
+                "/v1/completions",
+                {
+                    "model": server.model_id(),
+                    "prompt": ids,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                },
+            )
             assert status == 200, text
             assert json.loads(text)["usage"]["completion_tokens"] == MAX_TOKENS, text
         status, text = server.get("/metrics")
         assert status == 200, text
     counts = DraftCounts.read(parse_metrics(text))
-    measurements["README hybrid MoE vllm serve: mean acceptance length"] = round(
-        counts.mean_acceptance_length, 3)
+    measurements["README hybrid MoE vllm serve: mean acceptance length"] = round(counts.mean_acceptance_length, 3)
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
 
 
@@ -267,8 +311,12 @@ def _drafter_with_heads(draft_dir: str, out, num_heads: int, num_kv_heads: int, 
     weights, gen = load_file(out / "model.safetensors"), torch.Generator().manual_seed(0)
     config = json.loads((out / "config.json").read_text())
     hidden = config["hidden_size"]
-    shapes = {"q_proj": (num_heads * head_dim, hidden), "k_proj": (num_kv_heads * head_dim, hidden),
-              "v_proj": (num_kv_heads * head_dim, hidden), "o_proj": (hidden, num_heads * head_dim)}
+    shapes = {
+        "q_proj": (num_heads * head_dim, hidden),
+        "k_proj": (num_kv_heads * head_dim, hidden),
+        "v_proj": (num_kv_heads * head_dim, hidden),
+        "o_proj": (hidden, num_heads * head_dim),
+    }
     for name in list(weights):
         part = name.split(".")[-2]
         if ".self_attn." in name and part in shapes:
@@ -282,8 +330,9 @@ def _drafter_with_heads(draft_dir: str, out, num_heads: int, num_kv_heads: int, 
 
 
 @pytest.mark.extended
-def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(tmp_path, family_reference_runs, family,
-                                                                 family_pair, measurements):
+def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(
+    tmp_path, family_reference_runs, family, family_pair, measurements
+):
     """The drafter's heads unlike the target's (4 KV heads of 64 beside the
     target's 2: pages of twice the bytes per token in the same fp8 dtype,
     vllm-project/vllm#46480's case), prefix caching on: the engine starts
@@ -297,9 +346,15 @@ def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(tmp_path, famil
     target, draft = family_pair
     other = _drafter_with_heads(draft, tmp_path / "draft", num_heads=8, num_kv_heads=4, head_dim=64)
     want = family_reference_runs["shared prefix"]
-    llm = e2e.start_llm((f"family-{family}", "other-heads"), model=target, dtype="float32",
-                        kv_cache_dtype="fp8", enable_prefix_caching=True,
-                        speculative_config=e2e.dflash_spec_config(other), **serve_overrides(family))
+    llm = e2e.start_llm(
+        (f"family-{family}", "other-heads"),
+        model=target,
+        dtype="float32",
+        kv_cache_dtype="fp8",
+        enable_prefix_caching=True,
+        speculative_config=e2e.dflash_spec_config(other),
+        **serve_overrides(family),
+    )
     passes = []
     for _ in range(2):
         before = e2e.engine_counter(llm, "vllm:prefix_cache_hits")
@@ -309,10 +364,13 @@ def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(tmp_path, famil
     e2e.shutdown_llm()
     blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
     measurements[f"family {family}, drafter with other heads, prefix caching"] = {
-        "hits": [p["hits"] for p in passes], "block tokens": blocks}
+        "hits": [p["hits"] for p in passes],
+        "block tokens": blocks,
+    }
     for i, run in enumerate(passes):
-        report = lossless.compare_all([f"pass {i + 1} prompt {j}" for j in range(len(want))], run["ids"],
-                                      want, dtype="float32")
+        report = lossless.compare_all(
+            [f"pass {i + 1} prompt {j}" for j in range(len(want))], run["ids"], want, dtype="float32"
+        )
         assert report.ok and len(report.exact) == len(want), report.explain()
     assert passes[1]["hits"] > 0, passes
     assert blocks["draft"] * 2 == blocks["target"], blocks

@@ -17,11 +17,9 @@ DFlash equals target-only (bf16: vLLM's near-tie rule).
 
 from __future__ import annotations
 
+import dflash_e2e as e2e
 import pytest
 import torch
-
-import dflash_e2e as e2e
-import lossless
 
 AMX_FAMILY = "llama"
 MAX_TOKENS = 48
@@ -57,16 +55,23 @@ def fp8_config_pair(tmp_path_factory):
 
 def test_engine_config_quantizes_the_target_and_not_the_drafter(fp8_config_pair):
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models.utils import get_draft_quant_config
     from vllm.fork.tiny_families import serve_overrides
+    from vllm.model_executor.models.utils import get_draft_quant_config
 
     target, draft = fp8_config_pair
-    config = EngineArgs(model=target, dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=1024,
-                        speculative_config=e2e.dflash_spec_config(draft),
-                        **serve_overrides("qwen3_5_moe")).create_engine_config()
+    config = EngineArgs(
+        model=target,
+        dtype="bfloat16",
+        kv_cache_dtype="fp8",
+        max_model_len=1024,
+        speculative_config=e2e.dflash_spec_config(draft),
+        **serve_overrides("qwen3_5_moe"),
+    ).create_engine_config()
     quant = config.quant_config
-    print(f"\n[e2e] target quantization: {type(quant).__name__} block {getattr(quant, 'weight_block_size', None)}; "
-          f"drafter: {get_draft_quant_config(config)}; cache dtype {config.cache_config.cache_dtype}")
+    print(
+        f"\n[e2e] target quantization: {type(quant).__name__} block {getattr(quant, 'weight_block_size', None)}; "
+        f"drafter: {get_draft_quant_config(config)}; cache dtype {config.cache_config.cache_dtype}"
+    )
     assert quant is not None and quant.get_name() == "fp8" and quant.weight_block_size == [128, 128]
     assert config.speculative_config.draft_model_config.quantization is None
     assert get_draft_quant_config(config) is None
@@ -76,19 +81,25 @@ def test_engine_config_quantizes_the_target_and_not_the_drafter(fp8_config_pair)
 def _worker_draft_linear_methods(worker) -> dict:
     from vllm.model_executor.layers.linear import LinearBase
 
-    return {name: type(m.quant_method).__name__
-            for name, m in worker.model_runner.drafter.model.named_modules() if isinstance(m, LinearBase)}
+    return {
+        name: type(m.quant_method).__name__
+        for name, m in worker.model_runner.drafter.model.named_modules()
+        if isinstance(m, LinearBase)
+    }
 
 
-@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(),
-                    reason="vLLM 0.21.0 runs block-FP8 weights on CPU only with AMX; this CPU has none")
+@pytest.mark.skipif(
+    not torch.cpu._is_amx_tile_supported(),
+    reason="vLLM 0.21.0 runs block-FP8 weights on CPU only with AMX; this CPU has none",
+)
 def test_dflash_runs_behind_the_fp8_weight_target_on_amx(fp8_pair, measurements):
     target, draft = fp8_pair
     prompts = e2e.PROMPTS
     llm = e2e.start_llm(("fp8-weights", "target"), model=target, kv_cache_dtype="fp8")
     want_ids, want_logprobs = e2e.generate_with_logprobs(llm, prompts, MAX_TOKENS)
-    llm = e2e.start_llm(("fp8-weights", "dflash"), model=target, kv_cache_dtype="fp8",
-                        speculative_config=e2e.dflash_spec_config(draft))
+    llm = e2e.start_llm(
+        ("fp8-weights", "dflash"), model=target, kv_cache_dtype="fp8", speculative_config=e2e.dflash_spec_config(draft)
+    )
     got_ids, got_logprobs = e2e.generate_with_logprobs(llm, prompts, MAX_TOKENS)
     methods = llm.collective_rpc(_worker_draft_linear_methods)[0]
     state = llm.collective_rpc(e2e.worker_kv_state)[0]
@@ -96,7 +107,8 @@ def test_dflash_runs_behind_the_fp8_weight_target_on_amx(fp8_pair, measurements)
     assert methods and set(methods.values()) == {"UnquantizedLinearMethod"}, methods
     draft_layers = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
     assert draft_layers and all(s["kv_cache_dtype"] == "fp8" for s in draft_layers.values()), draft_layers
-    report = e2e.near_tie_report({"ids": got_ids, "logprobs": got_logprobs},
-                                 {"ids": want_ids, "logprobs": want_logprobs})
+    report = e2e.near_tie_report(
+        {"ids": got_ids, "logprobs": got_logprobs}, {"ids": want_ids, "logprobs": want_logprobs}
+    )
     measurements["fp8-weight target (AMX)"] = report.summary()
     assert report.ok, report.explain()

@@ -13,13 +13,11 @@ load in tests/serve_load, whose server and reference run in float32).
 
 from __future__ import annotations
 
-import pytest
-import torch
-
-from draft_counts import DraftCounts
 import dflash_e2e as e2e
 import lossless
-
+import pytest
+import torch
+from draft_counts import DraftCounts
 
 EXPECTED_TENSOR_DTYPE = {
     "auto": "torch.bfloat16",
@@ -80,10 +78,14 @@ def test_draft_layers_follow_kv_cache_dtype(kv_dtype, dflash):
     layers = dflash["state"]["layers"]
     draft = {n: s for n, s in layers.items() if s["role"] == "draft"}
     target = {n: s for n, s in layers.items() if s["role"] == "target"}
-    print(f"\n[e2e] kv={kv_dtype} target layers: "
-          f"{sorted({(s['kv_cache_dtype'], s['tensor_dtype']) for s in target.values()})}")
-    print(f"[e2e] kv={kv_dtype} draft layers:  "
-          + ", ".join(f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(draft.items())))
+    print(
+        f"\n[e2e] kv={kv_dtype} target layers: "
+        f"{sorted({(s['kv_cache_dtype'], s['tensor_dtype']) for s in target.values()})}"
+    )
+    print(
+        f"[e2e] kv={kv_dtype} draft layers:  "
+        + ", ".join(f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(draft.items()))
+    )
     assert len(draft) == 2 and len(target) == 4, sorted(layers)
     expected = EXPECTED_TENSOR_DTYPE[kv_dtype]
     for name, s in sorted(layers.items()):
@@ -108,16 +110,20 @@ def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
     expected = space // per_block
     measured = state["num_blocks"]
     measurements[f"blocks dflash kv={kv_dtype}"] = measured
-    print(f"\n[e2e] kv={kv_dtype}: {measured} KV blocks of {state['block_size']} tokens "
-          f"(expected {expected}; {per_block} B/block over {len(state['layers'])} layers)")
+    print(
+        f"\n[e2e] kv={kv_dtype}: {measured} KV blocks of {state['block_size']} tokens "
+        f"(expected {expected}; {per_block} B/block over {len(state['layers'])} layers)"
+    )
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
 @over_kv_dtypes
 def test_drafter_query_start_loc_is_int32(kv_dtype, dflash):
     qsl = dflash["qsl"]
-    print(f"\n[e2e] kv={kv_dtype}: token_arange_np {qsl['token_arange_np']}, arange {qsl['arange']}, "
-          f"{len(qsl['calls'])} drafter first passes, first: {qsl['calls'][:1]}")
+    print(
+        f"\n[e2e] kv={kv_dtype}: token_arange_np {qsl['token_arange_np']}, arange {qsl['arange']}, "
+        f"{len(qsl['calls'])} drafter first passes, first: {qsl['calls'][:1]}"
+    )
     assert qsl["token_arange_np"] == "int32"
     assert qsl["calls"], "the drafter never ran"
     for cpu_dtype, dev_dtype, _ in qsl["calls"]:
@@ -132,9 +138,11 @@ def test_greedy_dflash_is_lossless(kv_dtype, dflash, reference, measurements):
     counts = DraftCounts.read(m)
     drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements[f"mean acceptance length partial kv={kv_dtype}"] = round(mal, 3)
-    print(f"\n[e2e] kv={kv_dtype}: {len(e2e.PROMPTS)} prompts x {e2e.MAX_TOKENS} tokens, "
-          f"drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}, "
-          f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}")
+    print(
+        f"\n[e2e] kv={kv_dtype}: {len(e2e.PROMPTS)} prompts x {e2e.MAX_TOKENS} tokens, "
+        f"drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}, "
+        f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}"
+    )
     assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, m
     assert all(len(got) == e2e.MAX_TOKENS for got in dflash["ids"])
     report = e2e.near_tie_report(dflash, reference)
@@ -157,8 +165,9 @@ def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
     target, _ = trained_pair
     prompts = [*e2e.PROMPTS, *({"prompt_token_ids": ids} for ids in trained_prompts()[:2])]
     keys = [f"prompt {i}" for i in range(len(prompts))]
-    llm = e2e.start_llm(("target-trained", "fp32"), model=target, dtype="float32",
-                        kv_cache_dtype="auto", enable_prefix_caching=False)
+    llm = e2e.start_llm(
+        ("target-trained", "fp32"), model=target, dtype="float32", kv_cache_dtype="auto", enable_prefix_caching=False
+    )
     want, _ = e2e.generate_ids(llm, prompts)
     llm = e2e.start_trained_fp32(trained_pair)
     before = e2e.spec_metrics(llm)
@@ -168,7 +177,10 @@ def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
     drafts, accepted = counts.drafts, counts.accepted
     report = lossless.compare_all(keys, got, want, dtype="float32")
     measurements["lossless float32 kv=auto (trained pair)"] = {
-        **report.summary(), "drafts": drafts, "accepted": accepted}
+        **report.summary(),
+        "drafts": drafts,
+        "accepted": accepted,
+    }
     print(f"\n[e2e] float32 kv=auto: drafts {drafts}, accepted {accepted}; {report.explain()}")
     assert all(len(ids) == e2e.MAX_TOKENS for ids in got)
     assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, (drafts, accepted)

@@ -16,19 +16,16 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import dflash_e2e as e2e
 import pytest
 import torch
-
-import dflash_e2e as e2e
 
 
 def _runner_aux_layers(hf_config):
     """GPUModelRunner's choice of aux layers (CPUModelRunner inherits it)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    stub = SimpleNamespace(
-        speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config))
-    )
+    stub = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config)))
     return GPUModelRunner._get_eagle3_aux_layers_from_config(stub)
 
 
@@ -71,9 +68,7 @@ def test_runner_passes_eagle3_aux_layer_ids_through():
     eagle3 = PretrainedConfig(eagle_aux_hidden_state_layer_ids=[1, 17, 32])
     assert _runner_aux_layers(eagle3) == (1, 17, 32)
     # An EAGLE-3 field next to a DFlash one wins, unshifted.
-    both = PretrainedConfig(
-        eagle_aux_hidden_state_layer_ids=[3, 5], dflash_config={"target_layer_ids": [3, 5]}
-    )
+    both = PretrainedConfig(eagle_aux_hidden_state_layer_ids=[3, 5], dflash_config={"target_layer_ids": [3, 5]})
     assert _runner_aux_layers(both) == (3, 5)
 
 
@@ -119,13 +114,16 @@ def test_drafter_gets_outputs_of_target_layer_ids(trained_pair, measurements):
     diff_below = (got - one_below).abs().max().item()
     scale = expected.abs().max().item()
     measurements["layer tap: max |vLLM - HF layer outputs| (fp32)"] = diff
-    print(f"[e2e] drafter input vs HF outputs of layers {TARGET_LAYER_IDS}: max abs diff {diff:.2e}; "
-          f"vs layers one below: {diff_below:.2e} (max |value| {scale:.1f})")
+    print(
+        f"[e2e] drafter input vs HF outputs of layers {TARGET_LAYER_IDS}: max abs diff {diff:.2e}; "
+        f"vs layers one below: {diff_below:.2e} (max |value| {scale:.1f})"
+    )
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
 def _acceptance(llm, prompts) -> tuple[list[int], list[list[int]]]:
     """[drafts, accepted at position 1, 2, ...] for one generate() call."""
+
     def counters():
         m = e2e.spec_metrics(llm)
         return [int(m["vllm:spec_decode_num_drafts"])] + [
@@ -159,9 +157,7 @@ def test_trained_drafter_accepts_more_with_its_layers(trained_pair, measurements
     own_layers = llm.collective_rpc(e2e.worker_aux_layers)[0]
     build, build_ids = _acceptance(llm, prompts)
     try:
-        assert llm.collective_rpc(e2e.worker_set_aux_layers, args=(TARGET_LAYER_IDS,))[0] == tuple(
-            TARGET_LAYER_IDS
-        )
+        assert llm.collective_rpc(e2e.worker_set_aux_layers, args=(TARGET_LAYER_IDS,))[0] == tuple(TARGET_LAYER_IDS)
         unshifted, unshifted_ids = _acceptance(llm, prompts)
     finally:
         llm.collective_rpc(e2e.worker_set_aux_layers, args=(own_layers,))
@@ -175,11 +171,15 @@ def test_trained_drafter_accepts_more_with_its_layers(trained_pair, measurements
     rows["reference, layers one below"] = ref["one_below"]
     print(f"\n[e2e] trained pair, {len(prompts)} prompts x {_new_tokens()} tokens, fp32, greedy:")
     for name, counts in rows.items():
-        print(f"[e2e]   {name}: drafts {counts[0]}, accepted per position {counts[1:]}, "
-              f"mean acceptance length {_mal(counts):.3f}")
+        print(
+            f"[e2e]   {name}: drafts {counts[0]}, accepted per position {counts[1:]}, "
+            f"mean acceptance length {_mal(counts):.3f}"
+        )
         measurements[f"trained pair acceptance: {name}"] = (counts, round(_mal(counts), 3))
     same = [a == b for a, b in zip(build_ids, unshifted_ids)]
-    print(f"[e2e]   outputs identical in both runs: {same}; equal to the training "
-          f"continuations: {[a == b for a, b in zip(build_ids, record['continuations'])]}")
+    print(
+        f"[e2e]   outputs identical in both runs: {same}; equal to the training "
+        f"continuations: {[a == b for a, b in zip(build_ids, record['continuations'])]}"
+    )
     assert build[0] > 0 and unshifted[0] > 0
     assert _mal(build) > _mal(unshifted)

@@ -3,10 +3,9 @@ KV cache has scales of its own (they must reach the draft attention)."""
 
 from __future__ import annotations
 
-import pytest
-
-from draft_counts import DraftCounts
 import dflash_e2e as e2e
+import pytest
+from draft_counts import DraftCounts
 
 
 # Not 0001, 0003, 0004, 0005 or 0007: their proofs take guards that need no
@@ -22,9 +21,11 @@ def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     drafts, draft_tokens, accepted = counts.drafts, counts.draft_tokens, counts.accepted
     mal = counts.mean_acceptance_length
     measurements["mean acceptance length full pair kv=fp8"] = mal
-    print(f"\n[e2e] full pair: drafts {drafts}, draft tokens {draft_tokens}, accepted {accepted}, "
-          f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, "
-          f"mean acceptance length {mal:.3f} (num_speculative_tokens + 1 = {e2e.NUM_SPEC_TOKENS + 1})")
+    print(
+        f"\n[e2e] full pair: drafts {drafts}, draft tokens {draft_tokens}, accepted {accepted}, "
+        f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, "
+        f"mean acceptance length {mal:.3f} (num_speculative_tokens + 1 = {e2e.NUM_SPEC_TOKENS + 1})"
+    )
     assert all(t == [FULL_TOKEN] * e2e.MAX_TOKENS for t in ids)
     assert drafts > 0
     assert accepted == draft_tokens == drafts * e2e.NUM_SPEC_TOKENS
@@ -43,11 +44,11 @@ def test_stop_string_inside_an_accepted_block_ends_the_output_there(full_pair):
 
     llm = e2e.start_dflash_fp8("dflash-full", full_pair)
     stop = chr(FULL_TOKEN) * 3
-    params = [SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], logprobs=0,
-                             include_stop_str_in_output=include)
-              for include in (False, True)]
-    excluded, included = (llm.generate([e2e.PROMPTS[0]], p, use_tqdm=False)[0].outputs[0]
-                          for p in params)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], logprobs=0, include_stop_str_in_output=include)
+        for include in (False, True)
+    ]
+    excluded, included = (llm.generate([e2e.PROMPTS[0]], p, use_tqdm=False)[0].outputs[0] for p in params)
     for out, text in ((excluded, ""), (included, stop)):
         assert list(out.token_ids) == [FULL_TOKEN] * 3, out
         assert len(out.logprobs) == 3, out.logprobs
@@ -70,8 +71,10 @@ def test_draft_attention_works_with_repacked_linear_weights(full_pair):
         drafts = e2e.spec_metrics(llm)["vllm:spec_decode_num_drafts"] - before
     finally:
         e2e.shutdown_llm()  # the drafter is altered: no later test may reuse it
-    print(f"\n[e2e] repacked {changed} draft linear layers here, {already} by the base's own GEMM dispatch; "
-          f"{drafts} drafts after that")
+    print(
+        f"\n[e2e] repacked {changed} draft linear layers here, {already} by the base's own GEMM dispatch; "
+        f"{drafts} drafts after that"
+    )
     assert changed + already > 0
     assert all(t == [FULL_TOKEN] * 16 for t in ids)
     assert drafts > 0
@@ -89,9 +92,10 @@ def test_draft_kv_scales_reach_draft_attention(kv_scales_pair, measurements):
     e2e.shutdown_llm()
     draft_layers = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
     target_layers = {n: s for n, s in state["layers"].items() if s["role"] == "target"}
-    print("\n[e2e] kv scales: " + ", ".join(
-        f"{n}: k={s['k_scale']} v={s['v_scale']}"
-        for n, s in sorted(state["layers"].items())))
+    print(
+        "\n[e2e] kv scales: "
+        + ", ".join(f"{n}: k={s['k_scale']} v={s['v_scale']}" for n, s in sorted(state["layers"].items()))
+    )
     assert len(draft_layers) == 2
     for name, s in draft_layers.items():
         assert (s["k_scale"], s["v_scale"]) == (0.5, 0.25), (name, s)

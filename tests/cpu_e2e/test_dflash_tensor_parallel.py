@@ -22,11 +22,10 @@ import json
 import os
 import time
 
-import pytest
-
 import dflash_e2e as e2e
-from draft_counts import DraftCounts
 import parallel_workers
+import pytest
+from draft_counts import DraftCounts
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.extended
@@ -34,19 +33,24 @@ pytestmark = pytest.mark.extended
 TP = 2
 MAX_TOKENS = 48
 # Starts of lines of the text the target was trained on.
-PROMPTS = ["Beautiful is better than", "Errors should never", "Now is better", "The Zen of",
-           "If the implementation is hard"]
+PROMPTS = [
+    "Beautiful is better than",
+    "Errors should never",
+    "Now is better",
+    "The Zen of",
+    "If the implementation is hard",
+]
 KV_TENSOR_DTYPE = {"auto": "torch.float32", "fp8": "torch.uint8"}
 # Every draft of this drafter is accepted on these prompts at TP=1 (4.0 of
 # 4); a drafter fed the wrong target layers, or nothing, stays far below.
 MIN_MEAN_ACCEPTANCE_LENGTH = 3.5
 
 
-def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP,
-                    draft_kv_dtype: str | None = None):
+def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP, draft_kv_dtype: str | None = None):
     target, draft = pair
-    kwargs = dict(model=target, dtype="float32", kv_cache_dtype=kv_dtype,
-                  enable_prefix_caching=False, tensor_parallel_size=tp)
+    kwargs = dict(
+        model=target, dtype="float32", kv_cache_dtype=kv_dtype, enable_prefix_caching=False, tensor_parallel_size=tp
+    )
     if tp > 1:
         kwargs["distributed_executor_backend"] = "mp"
     if dflash:
@@ -69,8 +73,12 @@ def run(key, pair, kv_dtype: str, dflash: bool, tp: int = TP, draft_kv_dtype: st
     llm = start_tp_engine(key, pair, kv_dtype, dflash, tp, draft_kv_dtype)
     try:
         ids, texts = e2e.generate_ids(llm, PROMPTS, MAX_TOKENS)
-        return {"ids": ids, "texts": texts, "ranks": llm.collective_rpc(e2e.worker_kv_state),
-                "metrics": e2e.spec_metrics(llm) if dflash else {}}
+        return {
+            "ids": ids,
+            "texts": texts,
+            "ranks": llm.collective_rpc(e2e.worker_kv_state),
+            "metrics": e2e.spec_metrics(llm) if dflash else {},
+        }
     finally:
         e2e.shutdown_llm()
 
@@ -91,8 +99,10 @@ def test_every_rank_gives_the_draft_layers_an_fp8_cache(dflash_fp8_tp2):
     assert len(ranks) == TP
     for rank, state in enumerate(ranks):
         draft = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
-        print(f"\n[tp] rank {rank}: " + ", ".join(
-            f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(state["layers"].items())))
+        print(
+            f"\n[tp] rank {rank}: "
+            + ", ".join(f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(state["layers"].items()))
+        )
         assert len(draft) == 2 and len(state["layers"]) == 6, sorted(state["layers"])
         for name, s in state["layers"].items():
             assert (s["kv_cache_dtype"], s["tensor_dtype"]) == ("fp8", KV_TENSOR_DTYPE["fp8"]), (rank, name, s)
@@ -154,7 +164,8 @@ def test_greedy_dflash_tp2_equals_target_only_tp1(dflash_fp8_tp2, target_fp8_tp1
     """float32, fp8 KV: TP=2 with DFlash gives what one rank without it gives."""
     got, want = dflash_fp8_tp2["ids"], target_fp8_tp1["ids"]
     measurements["TP=2 DFlash vs TP=1 target-only, fp8 float32: equal"] = (
-        f"{sum(g == w for g, w in zip(got, want))}/{len(PROMPTS)}")
+        f"{sum(g == w for g, w in zip(got, want))}/{len(PROMPTS)}"
+    )
     assert len(target_fp8_tp1["ranks"]) == 1
     assert got == want
 
@@ -168,7 +179,8 @@ def test_auto_kv_tp2_every_rank_and_lossless(text_pair, measurements):
         for name, layer in state["layers"].items():
             assert layer["tensor_dtype"] == KV_TENSOR_DTYPE["auto"], (rank, name, layer)
     measurements["TP=2 auto KV float32: DFlash equal to target-only"] = (
-        f"{sum(g == w for g, w in zip(dflash['ids'], target['ids']))}/{len(PROMPTS)}")
+        f"{sum(g == w for g, w in zip(dflash['ids'], target['ids']))}/{len(PROMPTS)}"
+    )
     measurements["TP=2 DFlash auto KV blocks per rank"] = [r["num_blocks"] for r in dflash["ranks"]]
     assert dflash["ids"] == target["ids"]
 
@@ -179,18 +191,20 @@ def test_drafter_kv_dtype_of_its_own_with_tp2(text_pair, target_fp8_tp2, measure
     TP=2: every rank's target layers hold fp8 caches and its draft layers
     float32 ones, DFlash equals target-only exactly, and the drafter is
     accepted as with one cache dtype."""
-    out = run(("dflash-text-tp2", "fp8", "draft-auto"), text_pair, "fp8", dflash=True,
-              draft_kv_dtype="auto")
+    out = run(("dflash-text-tp2", "fp8", "draft-auto"), text_pair, "fp8", dflash=True, draft_kv_dtype="auto")
     for rank, state in enumerate(out["ranks"]):
         for name, layer in state["layers"].items():
             want = "auto" if layer["role"] == "draft" else "fp8"
             assert (layer["kv_cache_dtype"], layer["tensor_dtype"]) == (want, KV_TENSOR_DTYPE[want]), (
-                rank, name, layer)
+                rank,
+                name,
+                layer,
+            )
     counts = DraftCounts.read(out["metrics"])
     measurements["TP=2 target fp8 + drafter auto, float32: DFlash equal to target-only"] = (
-        f"{sum(g == w for g, w in zip(out['ids'], target_fp8_tp2['ids']))}/{len(PROMPTS)}")
-    measurements["TP=2 target fp8 + drafter auto: mean acceptance length"] = round(
-        counts.mean_acceptance_length, 3)
+        f"{sum(g == w for g, w in zip(out['ids'], target_fp8_tp2['ids']))}/{len(PROMPTS)}"
+    )
+    measurements["TP=2 target fp8 + drafter auto: mean acceptance length"] = round(counts.mean_acceptance_length, 3)
     assert out["ids"] == target_fp8_tp2["ids"]
     assert counts.mean_acceptance_length >= MIN_MEAN_ACCEPTANCE_LENGTH, out["metrics"]
 
@@ -211,13 +225,16 @@ def test_served_api_with_tp2(text_pair, tmp_path, measurements):
     """`vllm serve --tensor-parallel-size 2` with DFlash and an fp8 KV cache
     answers with the text and shows DFlash's counters."""
     target, draft = text_pair
-    args = [*e2e.dflash_fp8_serve_args(draft), "--tensor-parallel-size", str(TP),
-            "--distributed-executor-backend", "mp"]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": parallel_workers.threads_bind_for_ranks(TP)}
+    args = [
+        *e2e.dflash_fp8_serve_args(draft),
+        "--tensor-parallel-size",
+        str(TP),
+        "--distributed-executor-backend",
+        "mp",
+    ]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": parallel_workers.threads_bind_for_ranks(TP)}
     with VllmServer(target, args, tmp_path / "server.log", env=env) as srv:
-        body = {"model": srv.model_id(), "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
-                "temperature": 0.0}
+        body = {"model": srv.model_id(), "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0.0}
         status, text = srv.post("/v1/completions", body)
         assert status == 200, text
         answer = json.loads(text)["choices"][0]["text"]
@@ -241,11 +258,20 @@ def test_pipeline_parallelism_with_a_dflash_drafter_fails_fast(text_pair, measur
     target, draft = text_pair
     t0 = time.monotonic()
     with pytest.raises(Exception) as info:
-        LLM(model=target, dtype="float32", kv_cache_dtype="fp8", enforce_eager=True,
-            pipeline_parallel_size=2, distributed_executor_backend="mp",
-            speculative_config=e2e.dflash_spec_config(draft))
+        LLM(
+            model=target,
+            dtype="float32",
+            kv_cache_dtype="fp8",
+            enforce_eager=True,
+            pipeline_parallel_size=2,
+            distributed_executor_backend="mp",
+            speculative_config=e2e.dflash_spec_config(draft),
+        )
     seconds = time.monotonic() - t0
-    measurements["PP=2 + DFlash refused"] = {"s": round(seconds, 1), "error": f"{type(info.value).__name__}: {info.value}"[:200]}
+    measurements["PP=2 + DFlash refused"] = {
+        "s": round(seconds, 1),
+        "error": f"{type(info.value).__name__}: {info.value}"[:200],
+    }
     assert "does not support pipeline parallelism" in str(info.value), info.value
     assert "--tensor-parallel-size" in str(info.value), info.value
     assert seconds < PP_START_BOUND_S

@@ -23,9 +23,8 @@ import sys
 import textwrap
 
 import pytest
-
-from readme_blocks import block_with, commands
 from draft_counts import DraftCounts
+from readme_blocks import block_with, commands
 from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
 
 COMMAND_TIMEOUT_S = 300
@@ -42,11 +41,10 @@ def _run(command: str | list[str], cwd, env: dict | None = None, **kw) -> subpro
     bin_dir = os.path.dirname(sys.executable)
     full_env = {**os.environ, **(env or {}), "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     args = ["bash", "-c", command] if isinstance(command, str) else command
-    proc = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S, **kw)
+    proc = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, **kw)
     assert proc.returncode == 0, (
-        f"{command!r} exited with {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
-        f"stderr:\n{proc.stderr[-6000:]}")
+        f"{command!r} exited with {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    )
     return proc
 
 
@@ -54,7 +52,7 @@ def _text_after(prompt: str) -> str:
     from vllm.fork.tiny_pairs import training_text
 
     text = training_text()
-    return (text + text)[text.index(prompt) + len(prompt):]
+    return (text + text)[text.index(prompt) + len(prompt) :]
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +76,22 @@ def script_output(quickstart):
     the chat request the server's answer is compared with."""
     script = block_with("python", "from vllm import LLM")
     prompt = re.search(r'generate\(\["([^"]+)"\]', script).group(1)
-    chat = textwrap.indent(textwrap.dedent(f"""
+    chat = textwrap.indent(
+        textwrap.dedent(f"""
         import json
         chat = llm.chat({CHAT_MESSAGES!r}, params)[0].outputs[0].text
         print("CHAT:" + json.dumps(chat))
-    """), "    ")
+    """),
+        "    ",
+    )
     (quickstart["dir"] / "quickstart.py").write_text(script + chat)
     # vLLM logs to stdout unless told not to configure logging; then only
     # warnings reach stderr, and stdout is what the script prints.
-    out = _run([sys.executable, "quickstart.py"], quickstart["dir"],
-               env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CONFIGURE_LOGGING": "0"}).stdout
+    out = _run(
+        [sys.executable, "quickstart.py"],
+        quickstart["dir"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CONFIGURE_LOGGING": "0"},
+    ).stdout
     answer, _, chat_line = out.rpartition("CHAT:")
     return {"prompt": prompt, "answer": answer.removesuffix("\n"), "chat": json.loads(chat_line)}
 
@@ -97,10 +101,9 @@ def server(quickstart, tmp_path_factory):
     """The README's `vllm serve` command: its environment assignments and
     arguments as written, on a free port instead of 8000."""
     words = shlex.split(quickstart["serve"])
-    env = dict(w.split("=", 1) for w in words[:words.index("vllm")])
-    model, *args = words[words.index("serve") + 1:]
-    srv = VllmServer(model, args, tmp_path_factory.mktemp("serve") / "server.log",
-                     env=env, cwd=quickstart["dir"])
+    env = dict(w.split("=", 1) for w in words[: words.index("vllm")])
+    model, *args = words[words.index("serve") + 1 :]
+    srv = VllmServer(model, args, tmp_path_factory.mktemp("serve") / "server.log", env=env, cwd=quickstart["dir"])
     try:
         srv.start()
     except Exception as e:
@@ -116,32 +119,37 @@ def server(quickstart, tmp_path_factory):
 def test_python_script_goes_on_with_the_text(script_output):
     answer, expected = script_output["answer"], _text_after(script_output["prompt"])
     print(f"\n[quickstart] script: {script_output['prompt']!r} -> {answer!r}")
-    assert answer == expected[:len(answer)] and len(answer) >= 48, (
-        f"not the text's continuation:\n got  {answer!r}\n text {expected[:len(answer)]!r}")
+    assert answer == expected[: len(answer)] and len(answer) >= 48, (
+        f"not the text's continuation:\n got  {answer!r}\n text {expected[: len(answer)]!r}"
+    )
 
 
 def test_curl_answer_and_acceptance(server, quickstart, measurements):
     """The README's two curls, against this server: the first goes on with
     the text, the second shows DFlash's counters."""
-    completion_cmd, metrics_cmd = [c.replace(README_PORT, server.base.removeprefix("http://"))
-                                   for c in commands(block_with("bash", "curl -s"))]
+    completion_cmd, metrics_cmd = [
+        c.replace(README_PORT, server.base.removeprefix("http://")) for c in commands(block_with("bash", "curl -s"))
+    ]
     answer = json.loads(_run(completion_cmd, quickstart["dir"]).stdout)["choices"][0]["text"]
     counters = parse_metrics(_run(metrics_cmd, quickstart["dir"]).stdout)
     counts = DraftCounts.read(counters)
     drafts, accepted, mean_len = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements["README quickstart: mean acceptance length after one 64-token request"] = {
-        "drafts": drafts, "accepted": accepted, "mean_acceptance_length": round(mean_len, 2)}
+        "drafts": drafts,
+        "accepted": accepted,
+        "mean_acceptance_length": round(mean_len, 2),
+    }
     print(f"\n[quickstart] curl: {answer!r}; drafts {drafts:.0f}, accepted {accepted:.0f}")
     expected = _text_after(re.search(r'"prompt": "([^"]+)"', completion_cmd).group(1))
-    assert answer == expected[:len(answer)] and len(answer) >= 48, (
-        f"not the text's continuation:\n got  {answer!r}\n text {expected[:len(answer)]!r}")
+    assert answer == expected[: len(answer)] and len(answer) >= 48, (
+        f"not the text's continuation:\n got  {answer!r}\n text {expected[: len(answer)]!r}"
+    )
     assert mean_len > MIN_MEAN_ACCEPTANCE_LENGTH, counters
 
 
 @pytest.mark.extended
 def test_served_chat_equals_the_scripts_chat(server, script_output):
-    body = {"model": server.model_id(), "messages": CHAT_MESSAGES, "max_tokens": 64,
-            "temperature": 0.0}
+    body = {"model": server.model_id(), "messages": CHAT_MESSAGES, "max_tokens": 64, "temperature": 0.0}
     status, text = server.post("/v1/chat/completions", body)
     assert status == 200, text
     got = json.loads(text)["choices"][0]["message"]["content"]
@@ -158,7 +166,10 @@ def test_ctrl_c_leaves_nothing_behind(server, measurements):
     seconds, code, survivors = server.signal(signal.SIGINT, group=True, timeout=STOP_BOUND_S)
     temp_left = server.temp_files_left()
     measurements["vllm serve stopped by SIGINT to its process group"] = {
-        "exit_code": code, "exit_s": round(seconds, 1), "temp_files_left": len(temp_left)}
+        "exit_code": code,
+        "exit_s": round(seconds, 1),
+        "temp_files_left": len(temp_left),
+    }
     assert not survivors, f"still alive {STOP_BOUND_S} s after SIGINT: {survivors}\n{server.log_tail()}"
     assert not server.leftovers(), server.leftovers()
     assert not temp_left, f"left in the server's TMPDIR: {temp_left}"

@@ -25,10 +25,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from draft_counts import DraftCounts
-from vllm_server import (TAG_VAR, free_port, parse_metrics, still_running, tagged_processes,
-                         vllm_dist_skip_reason)
+from vllm_server import TAG_VAR, free_port, parse_metrics, still_running, tagged_processes, vllm_dist_skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 900
@@ -55,22 +53,27 @@ def test_serve_script_answers_with_the_text_and_accepts_drafts(tmp_path, measure
     log_path = tmp_path / "serve.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", "tools/serve.sh"], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "tools/serve.sh"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         while "==> ready:" not in log_path.read_text(errors="replace"):
             if proc.poll() is not None:
-                pytest.fail(f"tools/serve.sh exited with {proc.returncode} before it was ready:\n"
-                            f"{log_path.read_text(errors='replace')[-6000:]}")
+                pytest.fail(
+                    f"tools/serve.sh exited with {proc.returncode} before it was ready:\n"
+                    f"{log_path.read_text(errors='replace')[-6000:]}"
+                )
             if time.monotonic() - t0 > READY_TIMEOUT_S:
                 pytest.fail(f"not ready after {READY_TIMEOUT_S} s:\n{log_path.read_text()[-6000:]}")
             time.sleep(2)
         ready_s = time.monotonic() - t0
         completion_cmd, metrics_cmd = _printed_commands(log_path.read_text(errors="replace"))
-        answer = subprocess.run(["bash", "-c", completion_cmd], capture_output=True, text=True,
-                                timeout=120, check=True).stdout
-        metrics = subprocess.run(["bash", "-c", metrics_cmd], capture_output=True, text=True,
-                                 timeout=60, check=True).stdout
+        answer = subprocess.run(
+            ["bash", "-c", completion_cmd], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+        metrics = subprocess.run(
+            ["bash", "-c", metrics_cmd], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
     finally:
         try:
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal
@@ -90,11 +93,13 @@ def test_serve_script_answers_with_the_text_and_accepts_drafts(tmp_path, measure
     got = json.loads(answer)["choices"][0]["text"]
     mean_len = DraftCounts.read(parse_metrics(metrics)).mean_acceptance_length
     measurements["tools/serve.sh (default pair)"] = {
-        "ready_s": round(ready_s, 1), "mean_acceptance_length": round(mean_len, 2),
-        "stopped_by_ctrl_c": code is not None}
+        "ready_s": round(ready_s, 1),
+        "mean_acceptance_length": round(mean_len, 2),
+        "stopped_by_ctrl_c": code is not None,
+    }
     prompt = re.search(r'"prompt": "([^"]+)"', completion_cmd).group(1)
     zen = training_text()
-    expected = (zen + zen)[zen.index(prompt) + len(prompt):]
+    expected = (zen + zen)[zen.index(prompt) + len(prompt) :]
     assert got.startswith(expected[:40]), f"not the text's continuation: {got!r}\n{answer}"
     assert mean_len > MIN_MEAN_ACCEPTANCE_LENGTH, metrics
     assert code is not None, f"tools/serve.sh still running {STOP_BOUND_S} s after Ctrl-C"

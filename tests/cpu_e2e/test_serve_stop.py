@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import signal
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 
 STOP_BOUND_S = 60
@@ -26,8 +25,9 @@ def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, meas
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, draft = partial_pair
-    srv = VllmServer(target, e2e.dflash_fp8_serve_args(draft), tmp_path / "server.log",
-                     env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    srv = VllmServer(
+        target, e2e.dflash_fp8_serve_args(draft), tmp_path / "server.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     try:
         try:
             srv.start()
@@ -39,8 +39,11 @@ def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, meas
     finally:
         srv.stop()
     measurements["vllm serve stopped by SIGINT to its own process"] = {
-        "processes": processes, "exit_code": code, "exit_s": round(seconds, 1),
-        "temp_files_left": len(temp_left)}
+        "processes": processes,
+        "exit_code": code,
+        "exit_s": round(seconds, 1),
+        "temp_files_left": len(temp_left),
+    }
     assert not survivors, f"still alive {STOP_BOUND_S} s after SIGINT: {survivors}\n{srv.log_tail()}"
     assert not leftovers, leftovers
     assert not temp_left, f"left in the server's TMPDIR: {temp_left}"

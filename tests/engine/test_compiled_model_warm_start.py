@@ -46,8 +46,11 @@ def test_a_saved_plain_function_loads_without_compiling_again(monkeypatch, tmp_p
     monkeypatch.setattr(decorators, "_verify_source_unchanged", lambda info, config: None)
     config = VllmConfig()
     model = types.SimpleNamespace(
-        vllm_config=config, compilation_config=config.compilation_config, _is_encoder=False,
-        forward=types.SimpleNamespace(__globals__={}))
+        vllm_config=config,
+        compilation_config=config.compilation_config,
+        _is_encoder=False,
+        forward=types.SimpleNamespace(__globals__={}),
+    )
     saved = tmp_path / "model"
     saved.write_bytes(b"saved")
     before = compilation_counter.num_aot_artifacts_loaded
@@ -80,18 +83,24 @@ def test_second_start_loads_the_compiled_target_and_drafter(text_pair, tmp_path)
     support = os.path.join(os.path.dirname(__file__), os.pardir, "support")
     script = tmp_path / "start.py"
     script.write_text(START.format(support=os.path.abspath(support), pair=tuple(text_pair)))
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {
+        **os.environ,
+        "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"exit {proc.returncode}\n{log[-6000:]}"
         result = json.loads(log.rsplit("RESULT ", 1)[1].splitlines()[0])
         runs.append({**result, "recompiled": "Compiling model again" in log})
-    print(f"\n[warm start] compiled models [loaded, saved]: first start {runs[0]['counters']}, "
-          f"second {runs[1]['counters']}")
+    print(
+        f"\n[warm start] compiled models [loaded, saved]: first start {runs[0]['counters']}, "
+        f"second {runs[1]['counters']}"
+    )
     first, second = runs
     assert first["counters"] == [0, 2], first
     assert second["counters"] == [2, 0] and not second["recompiled"], second

@@ -12,8 +12,17 @@ import pytest
 
 pytestmark = pytest.mark.needs_patch("0028")
 
-NOT_ON_CPU = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-              "int8_per_token_head", "fp8_per_token_head", "nvfp4", "fp8_inc", "fp8_ds_mla")
+NOT_ON_CPU = (
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "fp8_inc",
+    "fp8_ds_mla",
+)
 STORED_ON_CPU = "auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16"
 
 
@@ -24,8 +33,14 @@ def _refusal(target: str, draft: str, target_dtype: str, draft_dtype: str | None
     if draft_dtype is not None:
         spec["kv_cache_dtype"] = draft_dtype
     with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
-        EngineArgs(model=target, dtype="bfloat16", max_model_len=256, enforce_eager=True,
-                   kv_cache_dtype=target_dtype, speculative_config=spec).create_engine_config()
+        EngineArgs(
+            model=target,
+            dtype="bfloat16",
+            max_model_len=256,
+            enforce_eager=True,
+            kv_cache_dtype=target_dtype,
+            speculative_config=spec,
+        ).create_engine_config()
     return str(e.value)
 
 

@@ -15,8 +15,13 @@ import pytest
 def _engine_config(target: str, **spec):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
-                      speculative_config={"method": "dflash", **spec}).create_engine_config()
+    return EngineArgs(
+        model=target,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        speculative_config={"method": "dflash", **spec},
+    ).create_engine_config()
 
 
 def _refusal(target: str, **spec) -> str:
@@ -78,10 +83,15 @@ def test_pipeline_parallelism_is_refused_pointing_at_tensor_parallelism(trained_
 
     target, draft = trained_pair
     with pytest.raises(Exception) as e:
-        EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
-                   pipeline_parallel_size=2, distributed_executor_backend="mp",
-                   speculative_config={"method": "dflash", "model": draft,
-                                       "num_speculative_tokens": 3}).create_engine_config()
+        EngineArgs(
+            model=target,
+            dtype="float32",
+            max_model_len=256,
+            enforce_eager=True,
+            pipeline_parallel_size=2,
+            distributed_executor_backend="mp",
+            speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 3},
+        ).create_engine_config()
     message = str(e.value)
     assert "DFlash speculative decoding does not support pipeline parallelism" in message, message
     assert "pipeline_parallel_size=2" in message and "--tensor-parallel-size" in message, message

@@ -86,14 +86,22 @@ if "--repacked-forward" in sys.argv:
 
 def build_the_drafter(pair, kv_cache_dtype: str, *extra: str) -> dict:
     """The report lines of BUILD_THE_DRAFTER, by their first word."""
-    proc = subprocess.run([sys.executable, "-c", BUILD_THE_DRAFTER, *pair, kv_cache_dtype, *extra],
-                          capture_output=True, text=True, timeout=300)
-    report = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
-              for line in proc.stdout.splitlines() if line.startswith(("LAYERS ", "FORWARD "))}
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_THE_DRAFTER, *pair, kv_cache_dtype, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = {
+        line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+        for line in proc.stdout.splitlines()
+        if line.startswith(("LAYERS ", "FORWARD "))
+    }
     assert proc.returncode == 0 and report, (
         f"building the drafter: return code {proc.returncode}"
         f"{f' (signal {-proc.returncode})' if proc.returncode < 0 else ''}\n"
-        f"stdout tail:\n{proc.stdout[-2000:]}\nstderr tail:\n{proc.stderr[-4000:]}")
+        f"stdout tail:\n{proc.stdout[-2000:]}\nstderr tail:\n{proc.stderr[-4000:]}"
+    )
     return report
 
 

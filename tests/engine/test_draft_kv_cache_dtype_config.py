@@ -24,14 +24,19 @@ def family_pair_qwen3_5_moe():
     return e2e.make_family_pair("qwen3_5_moe")
 
 
-def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None,
-                   **spec):
+def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None, **spec):
     from vllm.engine.arg_utils import EngineArgs
 
     extra = {} if limit_mm_per_prompt is None else {"limit_mm_per_prompt": limit_mm_per_prompt}
-    return EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True,
-                      kv_cache_dtype=target_kv_cache_dtype, **extra,
-                      speculative_config={"num_speculative_tokens": 3, **spec}).create_engine_config()
+    return EngineArgs(
+        model=target,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        kv_cache_dtype=target_kv_cache_dtype,
+        **extra,
+        speculative_config={"num_speculative_tokens": 3, **spec},
+    ).create_engine_config()
 
 
 def _refusal(target: str, **spec) -> str:
@@ -40,12 +45,13 @@ def _refusal(target: str, **spec) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("target_dtype, draft_dtype", [
-    ("fp8", "auto"), ("fp8", "bfloat16"), ("auto", "fp8"), ("fp8", "fp8_e5m2"), ("fp8", "fp8")])
+@pytest.mark.parametrize(
+    "target_dtype, draft_dtype",
+    [("fp8", "auto"), ("fp8", "bfloat16"), ("auto", "fp8"), ("fp8", "fp8_e5m2"), ("fp8", "fp8")],
+)
 def test_draft_layers_take_the_asked_dtype(trained_pair, target_dtype, draft_dtype):
     target, draft = trained_pair
-    config = _engine_config(target, target_dtype, method="dflash", model=draft,
-                            kv_cache_dtype=draft_dtype)
+    config = _engine_config(target, target_dtype, method="dflash", model=draft, kv_cache_dtype=draft_dtype)
     spec = config.speculative_config
     assert spec.kv_cache_dtype == draft_dtype
     assert spec.draft_cache_config(config.cache_config).cache_dtype == draft_dtype
@@ -61,9 +67,12 @@ def test_unset_the_draft_layers_take_the_target_dtype(trained_pair):
 
 def test_the_dtype_is_part_of_the_config_hash(trained_pair):
     target, draft = trained_pair
-    hashes = {d: _engine_config(target, "fp8", method="dflash", model=draft,
-                                **({} if d is None else {"kv_cache_dtype": d}))
-              .speculative_config.compute_hash() for d in (None, "auto", "fp8_e5m2")}
+    hashes = {
+        d: _engine_config(
+            target, "fp8", method="dflash", model=draft, **({} if d is None else {"kv_cache_dtype": d})
+        ).speculative_config.compute_hash()
+        for d in (None, "auto", "fp8_e5m2")
+    }
     assert len(set(hashes.values())) == 3, hashes
 
 
@@ -133,7 +142,6 @@ def test_hybrid_target_takes_a_drafter_dtype_of_another_size(family_pair_qwen3_5
     target, draft = family_pair_qwen3_5_moe
     overrides = {"limit_mm_per_prompt": {"image": 0, "video": 0}}
     for draft_dtype in ("auto", "bfloat16", "fp8_e5m2"):
-        config = _engine_config(target, "fp8", method="dflash", model=draft, kv_cache_dtype=draft_dtype,
-                                **overrides)
+        config = _engine_config(target, "fp8", method="dflash", model=draft, kv_cache_dtype=draft_dtype, **overrides)
         assert config.speculative_config.draft_cache_config(config.cache_config).cache_dtype == draft_dtype
         assert config.cache_config.cache_dtype == "fp8"

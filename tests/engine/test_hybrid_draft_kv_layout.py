@@ -52,12 +52,25 @@ def _state(page: int, block_size: int, padded: int | None, mode: str = "none"):
 
     # A gated-delta-net layer's state: a conv state and a recurrent state.
     conv = page // 8
-    return MambaSpec(shapes=((conv,), ((page - conv * 2) // 4,)), dtypes=(torch.bfloat16, torch.float32),
-                     block_size=block_size, page_size_padded=padded, mamba_cache_mode=mode)
+    return MambaSpec(
+        shapes=((conv,), ((page - conv * 2) // 4,)),
+        dtypes=(torch.bfloat16, torch.float32),
+        block_size=block_size,
+        page_size_padded=padded,
+        mamba_cache_mode=mode,
+    )
 
 
-def _hybrid(num_target_layers: int, attention_every: int, target_attn, state_page: int, *,
-            draft_layers: int, draft_attn, mode: str = "none") -> tuple[dict, int]:
+def _hybrid(
+    num_target_layers: int,
+    attention_every: int,
+    target_attn,
+    state_page: int,
+    *,
+    draft_layers: int,
+    draft_attn,
+    mode: str = "none",
+) -> tuple[dict, int]:
     """Specs named as vLLM names a Qwen3.5/3.6 target's layers and a DFlash
     drafter's (numbered after the target's), with the state page padded to
     the target's attention page as the platform pads it."""
@@ -68,8 +81,8 @@ def _hybrid(num_target_layers: int, attention_every: int, target_attn, state_pag
             specs[f"language_model.model.layers.{i}.self_attn.attn"] = target_attn
         else:
             specs[f"language_model.model.layers.{i}.linear_attn"] = _state(
-                state_page, target_attn.block_size if mode == "align" else 4096,
-                target_attn.page_size_bytes, mode)
+                state_page, target_attn.block_size if mode == "align" else 4096, target_attn.page_size_bytes, mode
+            )
     for i in range(draft_layers):
         specs[f"model.layers.{num_target_layers + i}.self_attn.attn"] = draft_attn
     return specs, num_target_layers
@@ -79,7 +92,8 @@ def _groups(specs: dict, num_target_layers: int, *, speculative: bool = True):
     vllm_config = SimpleNamespace(
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
         speculative_config=SimpleNamespace(use_eagle=lambda: True) if speculative else None,
-        model_config=SimpleNamespace(get_total_num_hidden_layers=lambda: num_target_layers))
+        model_config=SimpleNamespace(get_total_num_hidden_layers=lambda: num_target_layers),
+    )
     return _kv_utils().get_kv_cache_groups(vllm_config, specs)
 
 
@@ -88,12 +102,12 @@ def _draft_groups(groups) -> set[int]:
 
 
 def _spec_of(groups, prefix: str):
-    return next(g.kv_cache_spec for g in groups for n in g.layer_names if n.startswith(prefix)
-                and "self_attn" in n)
+    return next(g.kv_cache_spec for g in groups for n in g.layer_names if n.startswith(prefix) and "self_attn" in n)
 
 
-def _qwen3_6_35b_a3b(draft_dtype: torch.dtype, target_dtype: torch.dtype = FP8, *,
-                     draft_kv_heads: int = 4, draft_head: int = 128):
+def _qwen3_6_35b_a3b(
+    draft_dtype: torch.dtype, target_dtype: torch.dtype = FP8, *, draft_kv_heads: int = 4, draft_head: int = 128
+):
     """Qwen3.6-35B-A3B: 40 layers, full attention every 4th (2 KV heads of
     256), gated delta net otherwise (a state of about 1.1 MB); its z-lab
     drafter: 6 layers, served as full attention by 0.21.0, Qwen3-style heads
@@ -101,15 +115,24 @@ def _qwen3_6_35b_a3b(draft_dtype: torch.dtype, target_dtype: torch.dtype = FP8, 
     state_page = 8192 * 3 * 2 + 32 * 128 * 128 * 2
     per_token = 2 * 2 * 256 * torch.empty(0, dtype=target_dtype).element_size()
     block = 16 * -(-state_page // (16 * per_token))
-    return _hybrid(40, 4, _attention(block, 2, 256, target_dtype), state_page,
-                   draft_layers=6, draft_attn=_attention(block, draft_kv_heads, draft_head, draft_dtype))
+    return _hybrid(
+        40,
+        4,
+        _attention(block, 2, 256, target_dtype),
+        state_page,
+        draft_layers=6,
+        draft_attn=_attention(block, draft_kv_heads, draft_head, draft_dtype),
+    )
 
 
 @needs_layout_patch
-@pytest.mark.parametrize("draft_dtype, draft_kv_heads", [
-    (torch.bfloat16, 4),  # fp8 target + bf16 drafter: the usual choice
-    (FP8, 8),  # fp8 both, a drafter with twice the target's elements per token (#46480)
-])
+@pytest.mark.parametrize(
+    "draft_dtype, draft_kv_heads",
+    [
+        (torch.bfloat16, 4),  # fp8 target + bf16 drafter: the usual choice
+        (FP8, 8),  # fp8 both, a drafter with twice the target's elements per token (#46480)
+    ],
+)
 def test_qwen3_6_35b_a3b_with_a_larger_drafter_page(draft_dtype, draft_kv_heads):
     """Every page one size, the drafter's layers in one group. Here the
     target's attention block (1072 tokens) halved is no multiple of 16, so
@@ -121,8 +144,10 @@ def test_qwen3_6_35b_a3b_with_a_larger_drafter_page(draft_dtype, draft_kv_heads)
     groups = _groups(specs, n)
     pages = {g.kv_cache_spec.page_size_bytes for g in groups}
     draft, target = _spec_of(groups, "model.layers."), _spec_of(groups, "language_model.")
-    print(f"\n[layout] {len(groups)} groups; target attention block {target_before.block_size} -> "
-          f"{target.block_size}, drafter block {draft.block_size}, pages {pages}")
+    print(
+        f"\n[layout] {len(groups)} groups; target attention block {target_before.block_size} -> "
+        f"{target.block_size}, drafter block {draft.block_size}, pages {pages}"
+    )
     assert len(pages) == 1
     assert len(_draft_groups(groups)) == 1
     assert draft.page_size_bytes == 2 * target_before.page_size_bytes
@@ -130,10 +155,13 @@ def test_qwen3_6_35b_a3b_with_a_larger_drafter_page(draft_dtype, draft_kv_heads)
 
 
 @needs_layout_patch
-@pytest.mark.parametrize("target_dtype, draft_dtype, draft_block", [
-    (FP8, torch.float32, 32),   # drafter pages 4x the target's: blocks of a quarter
-    (torch.float32, FP8, 512),  # a quarter: blocks of 4x the tokens
-])
+@pytest.mark.parametrize(
+    "target_dtype, draft_dtype, draft_block",
+    [
+        (FP8, torch.float32, 32),  # drafter pages 4x the target's: blocks of a quarter
+        (torch.float32, FP8, 512),  # a quarter: blocks of 4x the tokens
+    ],
+)
 def test_tiny_family_layouts(target_dtype, draft_dtype, draft_block):
     """The hybrid test families (tiny_families qwen3_5, qwen3_5_moe): 3 gated
     delta net layers and 1 attention layer, 2 drafter layers, heads as the
@@ -141,15 +169,22 @@ def test_tiny_family_layouts(target_dtype, draft_dtype, draft_block):
     blocks of fewer tokens (a multiple of 16: every attention backend has a
     kernel for it), so the target's layout stays as without a drafter and
     the state pages are not padded further; a smaller one, blocks of more."""
-    specs, n = _hybrid(4, 4, _attention(128, 2, 64, target_dtype), 20000, draft_layers=2,
-                       draft_attn=_attention(128, 2, 64, draft_dtype))
+    specs, n = _hybrid(
+        4,
+        4,
+        _attention(128, 2, 64, target_dtype),
+        20000,
+        draft_layers=2,
+        draft_attn=_attention(128, 2, 64, draft_dtype),
+    )
     groups = _groups(specs, n)
     assert len({g.kv_cache_spec.page_size_bytes for g in groups}) == 1
     assert len(_draft_groups(groups)) == 1, [g.layer_names for g in groups]
     assert _spec_of(groups, "model.layers.").block_size == draft_block
     assert _spec_of(groups, "language_model.").block_size == 128
     assert {g.kv_cache_spec.page_size_bytes for g in groups} == {
-        specs["language_model.model.layers.3.self_attn.attn"].page_size_bytes}
+        specs["language_model.model.layers.3.self_attn.attn"].page_size_bytes
+    }
 
 
 @needs_layout_patch
@@ -158,8 +193,9 @@ def test_a_drafter_block_too_small_to_shrink_pads_the_state_pages_instead():
     size every attention backend has a kernel for), the other pages grow to
     the drafter's: the state pages are padded, the target's attention blocks
     take more tokens."""
-    specs, n = _hybrid(4, 4, _attention(16, 2, 64, FP8), 2000, draft_layers=2,
-                       draft_attn=_attention(16, 2, 64, torch.bfloat16))
+    specs, n = _hybrid(
+        4, 4, _attention(16, 2, 64, FP8), 2000, draft_layers=2, draft_attn=_attention(16, 2, 64, torch.bfloat16)
+    )
     groups = _groups(specs, n)
     draft_page = _attention(16, 2, 64, torch.bfloat16).page_size_bytes
     assert {g.kv_cache_spec.page_size_bytes for g in groups} == {draft_page}
@@ -168,8 +204,7 @@ def test_a_drafter_block_too_small_to_shrink_pads_the_state_pages_instead():
 
 
 def test_without_a_drafter_the_layout_is_unchanged():
-    specs, n = _hybrid(8, 4, _attention(128, 2, 64, FP8), 20000, draft_layers=0,
-                       draft_attn=_attention(128, 2, 64, FP8))
+    specs, n = _hybrid(8, 4, _attention(128, 2, 64, FP8), 20000, draft_layers=0, draft_attn=_attention(128, 2, 64, FP8))
     groups = _groups(specs, n, speculative=False)
     assert sorted(len(g.layer_names) for g in groups) == [2, 2, 2, 2]
     assert {g.kv_cache_spec.block_size for g in groups if "self_attn" in g.layer_names[0]} == {128}
@@ -186,16 +221,27 @@ def test_prefix_caching_hashes_at_a_size_every_group_divides():
     drafter's blocks do not divide, and the engine failed to start)."""
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-    specs, n = _hybrid(4, 4, _attention(128, 2, 64, FP8), 20000, draft_layers=2,
-                       draft_attn=_attention(128, 2, 64, torch.float32), mode="align")
+    specs, n = _hybrid(
+        4,
+        4,
+        _attention(128, 2, 64, FP8),
+        20000,
+        draft_layers=2,
+        draft_attn=_attention(128, 2, 64, torch.float32),
+        mode="align",
+    )
     groups = _groups(specs, n)
     config = KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups)
     vllm_config = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=min(g.kv_cache_spec.block_size for g in groups),
-                                     enable_prefix_caching=True, hash_block_size=None,
-                                     mamba_cache_mode="align"),
+        cache_config=SimpleNamespace(
+            block_size=min(g.kv_cache_spec.block_size for g in groups),
+            enable_prefix_caching=True,
+            hash_block_size=None,
+            mamba_cache_mode="align",
+        ),
         parallel_config=SimpleNamespace(decode_context_parallel_size=1, prefill_context_parallel_size=1),
-        kv_transfer_config=None)
+        kv_transfer_config=None,
+    )
     scheduler_block, hash_block = _kv_utils().resolve_kv_cache_block_sizes(config, vllm_config)
     sizes = sorted({g.kv_cache_spec.block_size for g in groups})
     print(f"\n[layout] group block sizes {sizes}: scheduler {scheduler_block}, hashes {hash_block}")

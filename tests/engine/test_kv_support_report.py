@@ -29,13 +29,11 @@ def test_table_follows_what_the_cpu_platform_serves():
         if target not in ON_CPU:
             assert f"--kv-cache-dtype {target!r} is not supported on CPU" in target_side.reason
         if draft not in ON_CPU:
-            assert (f"speculative_config kv_cache_dtype {draft!r} is not supported on CPU"
-                    in draft_side.reason)
+            assert f"speculative_config kv_cache_dtype {draft!r} is not supported on CPU" in draft_side.reason
 
 
 def test_info_prints_the_report():
-    out = subprocess.run([sys.executable, "-m", "vllm.fork.info", "--kv"], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "vllm.fork.info", "--kv"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     print(out.stdout)
     lines = out.stdout.splitlines()

@@ -39,8 +39,7 @@ def test_range_checked_parameters_refuse_non_finite_values_already(name, value):
         SamplingParams(**{name: value})
 
 
-@pytest.mark.parametrize("name, value", [("temperature", 0.0), ("temperature", 7.5),
-                                         ("repetition_penalty", 1.3)])
+@pytest.mark.parametrize("name, value", [("temperature", 0.0), ("temperature", 7.5), ("repetition_penalty", 1.3)])
 def test_finite_values_still_pass(name, value):
     from vllm.sampling_params import SamplingParams
 

@@ -14,7 +14,6 @@ tiny pairs' byte-level one (token id == byte value).
 from __future__ import annotations
 
 import pytest
-
 from stepwise_outputs import final_output, generate_in_steps, streamed_output
 
 PROMPT_IDS = [72, 105, 58]  # "Hi:"
@@ -42,11 +41,9 @@ def _ids(text: str) -> list[int]:
 CASES = {
     "stop in the middle": ("one. two. three", {"stop": ["."]}, "one", 4),
     "stop spanning tokens": ("the fox. jumps", {"stop": ["fox."]}, "the ", 8),
-    "stop kept in the text": ("one. two", {"stop": ["."], "include_stop_str_in_output": True},
-                              "one.", 4),
+    "stop kept in the text": ("one. two", {"stop": ["."], "include_stop_str_in_output": True}, "one.", 4),
     "first of several stops": ("ab;cd.ef", {"stop": [".", ";"]}, "ab", 3),
-    "stop before min_tokens is ignored": ("a.bcdef.gh", {"stop": ["."], "min_tokens": 4},
-                                          "a.bcdef", 8),
+    "stop before min_tokens is ignored": ("a.bcdef.gh", {"stop": ["."], "min_tokens": 4}, "a.bcdef", 8),
     "multi-byte stop": ("caf\u00e9 au lait", {"stop": ["\u00e9"]}, "caf", 5),
 }
 
@@ -54,8 +51,7 @@ CASES = {
 # Patch 0015's guards are the all-in-one-step cases: each has tokens after the
 # stop string in that step, so each fails without the patch. A split of four
 # may end a step right at the stop string, and one per step is the reference.
-SPLITS = [pytest.param(name, marks=[pytest.mark.needs_patch("0015")] if name == ALL_IN_ONE else [])
-          for name in STEPS]
+SPLITS = [pytest.param(name, marks=[pytest.mark.needs_patch("0015")] if name == ALL_IN_ONE else []) for name in STEPS]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -67,7 +63,9 @@ def test_final_output_ends_at_the_stop_string(tokenizer, case, steps):
     ids = _ids(generated)
     reference = final_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, 1, RequestOutputKind.FINAL_ONLY, **params))
     assert (reference["text"], len(reference["token_ids"])) == (text, num_tokens), reference
-    got = final_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, STEPS[steps], RequestOutputKind.FINAL_ONLY, **params))
+    got = final_output(
+        generate_in_steps(tokenizer, PROMPT_IDS, ids, STEPS[steps], RequestOutputKind.FINAL_ONLY, **params)
+    )
     assert got == reference
 
 
@@ -79,7 +77,9 @@ def test_streamed_output_ends_at_the_stop_string(tokenizer, case, steps):
     generated, params, _text, _num = CASES[case]
     ids = _ids(generated)
     reference = streamed_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, 1, RequestOutputKind.DELTA, **params))
-    got = streamed_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, STEPS[steps], RequestOutputKind.DELTA, **params))
+    got = streamed_output(
+        generate_in_steps(tokenizer, PROMPT_IDS, ids, STEPS[steps], RequestOutputKind.DELTA, **params)
+    )
     assert got == reference
 
 
@@ -92,10 +92,14 @@ def test_stop_string_before_the_engine_stop_token_of_the_same_step(tokenizer):
 
     eos = tokenizer.eos_token_id
     ids = _ids("ab.cd") + [eos]
-    reference = final_output(generate_in_steps(tokenizer, PROMPT_IDS, _ids("ab.cd"), 1, RequestOutputKind.FINAL_ONLY,
-                                 stop=["."]))
-    got = final_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, len(ids), RequestOutputKind.FINAL_ONLY,
-                           engine_stops_on_last=True, stop=["."]))
+    reference = final_output(
+        generate_in_steps(tokenizer, PROMPT_IDS, _ids("ab.cd"), 1, RequestOutputKind.FINAL_ONLY, stop=["."])
+    )
+    got = final_output(
+        generate_in_steps(
+            tokenizer, PROMPT_IDS, ids, len(ids), RequestOutputKind.FINAL_ONLY, engine_stops_on_last=True, stop=["."]
+        )
+    )
     assert got == reference
     assert got["token_ids"] == _ids("ab.")
 
@@ -104,6 +108,8 @@ def test_without_a_stop_string_every_token_stays(tokenizer):
     from vllm.sampling_params import RequestOutputKind
 
     ids = _ids("no stop here")
-    got = final_output(generate_in_steps(tokenizer, PROMPT_IDS, ids, len(ids), RequestOutputKind.FINAL_ONLY, stop=["#"]))
+    got = final_output(
+        generate_in_steps(tokenizer, PROMPT_IDS, ids, len(ids), RequestOutputKind.FINAL_ONLY, stop=["#"])
+    )
     assert got["token_ids"] == ids and got["text"] == "no stop here"
     assert len(got["logprobs"]) == len(ids)

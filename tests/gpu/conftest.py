@@ -13,10 +13,9 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 import dflash_e2e as e2e
 import gpu_e2e
+import pytest
 
 _outcomes: dict[str, dict[str, str]] = {}
 _measured: dict = {}
@@ -64,8 +63,7 @@ def pytest_terminal_summary(terminalreporter):
     lines = ["", "[gpu] outcome per case (rows) and test (columns):"]
     lines.append("[gpu] " + f"{'case':<28}" + "".join(f"{t[5:29]:>26}" for t in tests))
     for case in sorted(_outcomes):
-        lines.append("[gpu] " + f"{case:<28}" + "".join(
-            f"{_outcomes[case].get(t, '-'):>26}" for t in tests))
+        lines.append("[gpu] " + f"{case:<28}" + "".join(f"{_outcomes[case].get(t, '-'):>26}" for t in tests))
     lines.append("[gpu] measured:")
     lines += [f"[gpu]   {k}: {v}" for k, v in sorted(_measured.items(), key=lambda kv: str(kv[0]))]
     for line in lines:
@@ -73,6 +71,8 @@ def pytest_terminal_summary(terminalreporter):
     report_dir = os.environ.get(gpu_e2e.REPORT_DIR_ENV)
     if report_dir:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        (Path(report_dir) / "gpu_matrix.json").write_text(json.dumps(
-            {"outcomes": _outcomes, "measured": {str(k): v for k, v in _measured.items()}},
-            indent=2, default=str))
+        (Path(report_dir) / "gpu_matrix.json").write_text(
+            json.dumps(
+                {"outcomes": _outcomes, "measured": {str(k): v for k, v in _measured.items()}}, indent=2, default=str
+            )
+        )

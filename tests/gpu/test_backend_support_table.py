@@ -6,12 +6,11 @@ the KV capacity formula."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import engine_start_errors as ese
 import gpu_backends as gb
 import gpu_e2e
+import pytest
+import torch
 
 HEAD = 64
 
@@ -51,8 +50,9 @@ def test_without_fa3_fp8_flash_attn_serves_auto_only(no_fa3_fp8):
 
 
 def test_flash_attn_needs_ampere(fa3_fp8):
-    reasons = gb.validation_reasons("FLASH_ATTN", head_size=HEAD, dtype=torch.bfloat16,
-                                    kv_cache_dtype="auto", device_capability=gb.capability(7, 5))
+    reasons = gb.validation_reasons(
+        "FLASH_ATTN", head_size=HEAD, dtype=torch.bfloat16, kv_cache_dtype="auto", device_capability=gb.capability(7, 5)
+    )
     assert "compute capability not supported" in reasons
 
 
@@ -71,9 +71,17 @@ def test_non_causal_is_what_decides_triton(monkeypatch, fa3_fp8):
     assert after[("TRITON_ATTN", "fp8")] == []
     # Causal layers (the target's) were never the problem.
     monkeypatch.undo()
-    assert gb.validation_reasons("TRITON_ATTN", head_size=HEAD, dtype=torch.bfloat16,
-                                 kv_cache_dtype="fp8", device_capability=cap,
-                                 use_non_causal=False) == []
+    assert (
+        gb.validation_reasons(
+            "TRITON_ATTN",
+            head_size=HEAD,
+            dtype=torch.bfloat16,
+            kv_cache_dtype="fp8",
+            device_capability=cap,
+            use_non_causal=False,
+        )
+        == []
+    )
 
 
 def test_flashinfer_row_is_never_supported_for_dflash_in_0_21(fa3_fp8):
@@ -85,8 +93,7 @@ def test_flashinfer_row_is_never_supported_for_dflash_in_0_21(fa3_fp8):
 
 def test_working_backends(fa3_fp8):
     cap = gb.capability(9, 0)
-    assert "FLASH_ATTN" in gb.working_backends("fp8", head_size=HEAD, dtype=torch.bfloat16,
-                                               device_capability=cap)
+    assert "FLASH_ATTN" in gb.working_backends("fp8", head_size=HEAD, dtype=torch.bfloat16, device_capability=cap)
 
 
 def test_runtime_gap_fa3_has_no_e5m2():
@@ -97,15 +104,23 @@ def test_runtime_gap_fa3_has_no_e5m2():
     assert gb.runtime_gap("TRITON_ATTN", "fp8_e5m2") is None
 
 
-@pytest.mark.parametrize("message, names", [
-    ("Selected backend AttentionBackendEnum.TRITON_ATTN is not valid for this configuration. "
-     "Reason: ['non-causal attention not supported']. Backends that support this "
-     "configuration: FLASH_ATTN, FLEX_ATTENTION.", ["FLASH_ATTN", "FLEX_ATTENTION"]),
-    ("x. Backends that support this configuration: TRITON_ATTN, FLASH_ATTN\nnext line FLASHINFER",
-     ["TRITON_ATTN", "FLASH_ATTN"]),
-    ("Backends that support this configuration: none.", []),
-    ("Selected backend AttentionBackendEnum.TRITON_ATTN is not valid for this configuration.", None),
-])
+@pytest.mark.parametrize(
+    "message, names",
+    [
+        (
+            "Selected backend AttentionBackendEnum.TRITON_ATTN is not valid for this configuration. "
+            "Reason: ['non-causal attention not supported']. Backends that support this "
+            "configuration: FLASH_ATTN, FLEX_ATTENTION.",
+            ["FLASH_ATTN", "FLEX_ATTENTION"],
+        ),
+        (
+            "x. Backends that support this configuration: TRITON_ATTN, FLASH_ATTN\nnext line FLASHINFER",
+            ["TRITON_ATTN", "FLASH_ATTN"],
+        ),
+        ("Backends that support this configuration: none.", []),
+        ("Selected backend AttentionBackendEnum.TRITON_ATTN is not valid for this configuration.", None),
+    ],
+)
 def test_backend_names_in(message, names):
     assert gb.backend_names_in(message) == names
 
@@ -125,10 +140,20 @@ def test_exception_chain_finds_the_value_error():
 
 def test_expected_blocks_formula(tmp_path):
     config = {
-        "target": {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 64,
-                   "hidden_size": 256, "num_attention_heads": 4},
-        "draft": {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 64,
-                  "hidden_size": 256, "num_attention_heads": 4},
+        "target": {
+            "num_hidden_layers": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+        },
+        "draft": {
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+        },
     }
     auto, per_auto = gpu_e2e.expected_blocks(config, "auto", 16, 1 << 30)
     fp8, per_fp8 = gpu_e2e.expected_blocks(config, "fp8", 16, 1 << 30)

@@ -23,24 +23,30 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e  # noqa: E402
-import engine_start_errors as ese  # noqa: E402
-import gpu_backends as gb  # noqa: E402
-import gpu_e2e  # noqa: E402
+import dflash_e2e as e2e
+import engine_start_errors as ese
+import gpu_backends as gb
+import gpu_e2e
 
 HEAD = gpu_e2e.tiny_head_size()
 CAPABILITY = gb.current_capability()
 TABLE = gb.support_table(head_size=HEAD, dtype=torch.bfloat16, device_capability=CAPABILITY)
-UNSUPPORTED = [(kv, b) for (b, kv), reasons in TABLE.items()
-               if reasons and gpu_e2e.in_matrix(kv, deep=True)]
+UNSUPPORTED = [(kv, b) for (b, kv), reasons in TABLE.items() if reasons and gpu_e2e.in_matrix(kv, deep=True)]
 
 
 def unsupported_cases(*guards):
     marks = [pytest.mark.needs_patch(*guards)] if guards else []
     params = [pytest.param((kv, b), id=gpu_e2e.case_id(kv, b), marks=marks) for kv, b in UNSUPPORTED]
     if not params:
-        params = [pytest.param(None, id="none", marks=pytest.mark.skip(
-            reason=f"every drafter backend of the suite supports every KV dtype here (sm {CAPABILITY})"))]
+        params = [
+            pytest.param(
+                None,
+                id="none",
+                marks=pytest.mark.skip(
+                    reason=f"every drafter backend of the suite supports every KV dtype here (sm {CAPABILITY})"
+                ),
+            )
+        ]
     return pytest.mark.parametrize("case", params)
 
 
@@ -48,18 +54,28 @@ def unsupported_cases(*guards):
 def start_errors(partial_pair, tmp_path_factory):
     e2e.shutdown_llm()  # one engine at a time, also across modules
     target, draft = partial_pair
-    cases = [{
-        "id": gpu_e2e.case_id(kv, b), "target": target, "draft": draft, "kv_cache_dtype": kv,
-        "attention_backend": b, "num_speculative_tokens": e2e.NUM_SPEC_TOKENS,
-        "enforce_eager": True, "dtype": "bfloat16", "max_model_len": e2e.MAX_MODEL_LEN,
-        "max_num_seqs": 8, "seed": 0, **gpu_e2e.ENGINE_KW,
-    } for kv, b in UNSUPPORTED]
+    cases = [
+        {
+            "id": gpu_e2e.case_id(kv, b),
+            "target": target,
+            "draft": draft,
+            "kv_cache_dtype": kv,
+            "attention_backend": b,
+            "num_speculative_tokens": e2e.NUM_SPEC_TOKENS,
+            "enforce_eager": True,
+            "dtype": "bfloat16",
+            "max_model_len": e2e.MAX_MODEL_LEN,
+            "max_num_seqs": 8,
+            "seed": 0,
+            **gpu_e2e.ENGINE_KW,
+        }
+        for kv, b in UNSUPPORTED
+    ]
     return gpu_e2e.run_start_errors(cases, tmp_path_factory.mktemp("start-errors"))
 
 
 def _value_error(result: dict) -> dict:
-    assert result.get("started") is False, (
-        f"the engine started (or the harness broke): {result}")
+    assert result.get("started") is False, f"the engine started (or the harness broke): {result}"
     err = ese.first_of_type(result["chain"], "ValueError")
     assert err is not None, f"no ValueError in the exception chain: {result['chain']}"
     return err
@@ -82,9 +98,16 @@ def test_error_lists_the_backends_that_work(case, start_errors, measurements):
     measurements[f"error lists {gpu_e2e.case_id(kv, backend)}"] = listed
     print(f"\n[gpu] {gpu_e2e.case_id(kv, backend)}: lists {listed}, suite backends that work: {expected}")
     assert listed is not None, (
-        f"the error does not say which backends work ({gb.SUPPORTED_BACKENDS_TEXT!r} missing): "
-        f"{err['message'][:1000]}")
+        f"the error does not say which backends work ({gb.SUPPORTED_BACKENDS_TEXT!r} missing): {err['message'][:1000]}"
+    )
     assert set(expected) <= set(listed), (expected, listed)
-    wrong = {n: r for n in listed if (r := gb.validation_reasons(
-        n, head_size=HEAD, dtype=torch.bfloat16, kv_cache_dtype=kv, device_capability=CAPABILITY))}
+    wrong = {
+        n: r
+        for n in listed
+        if (
+            r := gb.validation_reasons(
+                n, head_size=HEAD, dtype=torch.bfloat16, kv_cache_dtype=kv, device_capability=CAPABILITY
+            )
+        )
+    }
     assert not wrong, f"the error recommends backends that do not validate: {wrong}"

@@ -30,21 +30,21 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e  # noqa: E402
-import gpu_e2e  # noqa: E402
-from draft_counts import DraftCounts  # noqa: E402
+import dflash_e2e as e2e
+import gpu_e2e
+from draft_counts import DraftCounts
 
 QUICK = (("fp8", "auto"), ("auto", "fp8"))
-FULL = QUICK + tuple((t, d) for t in ("turboquant_4bit_nc", "turboquant_k8v4", "nvfp4")
-                     for d in ("auto", "fp8"))
+FULL = QUICK + tuple((t, d) for t in ("turboquant_4bit_nc", "turboquant_k8v4", "nvfp4") for d in ("auto", "fp8"))
 MAX_TOKENS = 64
 MIN_ACCEPTANCE_LENGTH = 1.5
 ENGINE = {"dtype": "bfloat16", "gpu_memory_utilization": 0.3}
 
 
 def _combinations():
-    return [pytest.param(c, id=f"target-{c[0]}-draft-{c[1]}")
-            for c in (FULL if gpu_e2e.matrix_mode() == "full" else QUICK)]
+    return [
+        pytest.param(c, id=f"target-{c[0]}-draft-{c[1]}") for c in (FULL if gpu_e2e.matrix_mode() == "full" else QUICK)
+    ]
 
 
 @pytest.fixture(scope="module", params=_combinations())
@@ -52,8 +52,10 @@ def combination(request):
     from vllm.fork import kv_support
 
     target_dtype, draft_dtype = request.param
-    for side in (kv_support.backend_for(target_dtype, non_causal=False),
-                 kv_support.backend_for(draft_dtype, non_causal=True)):
+    for side in (
+        kv_support.backend_for(target_dtype, non_causal=False),
+        kv_support.backend_for(draft_dtype, non_causal=True),
+    ):
         if not side.backend:
             pytest.skip(f"this GPU: {side.reason}")
     return request.param
@@ -64,8 +66,7 @@ _references: dict[str, dict] = {}
 
 def reference(pair, target_dtype: str) -> dict:
     if target_dtype not in _references:
-        llm = e2e.start_llm(("cuda-text-target", target_dtype), model=pair[0],
-                            kv_cache_dtype=target_dtype, **ENGINE)
+        llm = e2e.start_llm(("cuda-text-target", target_dtype), model=pair[0], kv_cache_dtype=target_dtype, **ENGINE)
         ids, logprobs = e2e.generate_with_logprobs(llm, e2e.text_line_prompts(), MAX_TOKENS)
         _references[target_dtype] = {"ids": ids, "logprobs": logprobs}
         e2e.shutdown_llm()
@@ -75,13 +76,20 @@ def reference(pair, target_dtype: str) -> dict:
 @pytest.fixture(scope="module")
 def mixed(combination, text_pair):
     target_dtype, draft_dtype = combination
-    llm = e2e.start_llm(("cuda-text-mixed", target_dtype, draft_dtype), model=text_pair[0],
-                        kv_cache_dtype=target_dtype, **ENGINE,
-                        speculative_config=e2e.dflash_spec_config(text_pair[1],
-                                                                  kv_cache_dtype=draft_dtype))
+    llm = e2e.start_llm(
+        ("cuda-text-mixed", target_dtype, draft_dtype),
+        model=text_pair[0],
+        kv_cache_dtype=target_dtype,
+        **ENGINE,
+        speculative_config=e2e.dflash_spec_config(text_pair[1], kv_cache_dtype=draft_dtype),
+    )
     ids, logprobs = e2e.generate_with_logprobs(llm, e2e.text_line_prompts(), MAX_TOKENS)
-    out = {"ids": ids, "logprobs": logprobs, "metrics": e2e.spec_metrics(llm),
-           "state": llm.collective_rpc(e2e.worker_kv_state)[0]}
+    out = {
+        "ids": ids,
+        "logprobs": logprobs,
+        "metrics": e2e.spec_metrics(llm),
+        "state": llm.collective_rpc(e2e.worker_kv_state)[0],
+    }
     e2e.shutdown_llm()
     return out
 
@@ -98,6 +106,8 @@ def test_greedy_output_and_acceptance_cuda(combination, mixed, text_pair, measur
     report = e2e.near_tie_report(mixed, reference(text_pair, target_dtype))
     counts = DraftCounts.read(mixed["metrics"])
     measurements[f"cuda target {target_dtype} + drafter {draft_dtype} (bf16)"] = {
-        **report.summary(), "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+        **report.summary(),
+        "mean acceptance length": round(counts.mean_acceptance_length, 3),
+    }
     assert report.ok, report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts

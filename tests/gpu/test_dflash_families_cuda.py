@@ -23,10 +23,10 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e  # noqa: E402
-import gpu_e2e  # noqa: E402
-import lossless  # noqa: E402
-from draft_counts import DraftCounts  # noqa: E402
+import dflash_e2e as e2e
+import gpu_e2e
+import lossless
+from draft_counts import DraftCounts
 
 MAX_TOKENS = 64
 MIN_ACCEPTANCE_LENGTH = 1.5
@@ -47,14 +47,14 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def family_reference(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS,
-                              gpu_memory_utilization=0.3)["ids"]
+    return e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3)[
+        "ids"
+    ]
 
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS,
-                              gpu_memory_utilization=0.3)
+    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3)
 
 
 def test_every_attention_layer_caches_fp8_cuda(family, family_dflash):
@@ -65,12 +65,13 @@ def test_every_attention_layer_caches_fp8_cuda(family, family_dflash):
         assert s["kv_cache_dtype"] == "fp8" and s["impl_kv_cache_dtype"] == "fp8", (name, s)
 
 
-def test_greedy_dflash_equals_target_only_and_is_accepted_cuda(family, family_dflash, family_reference,
-                                                               measurements):
+def test_greedy_dflash_equals_target_only_and_is_accepted_cuda(family, family_dflash, family_reference, measurements):
     got, want = family_dflash["ids"], family_reference
     report = lossless.compare_all([f"prompt {i}" for i in range(len(want))], got, want, dtype="float32")
     counts = DraftCounts.read(family_dflash["metrics"])
     measurements[f"cuda family {family} (fp8 KV, float32)"] = {
-        **report.summary(), "mean acceptance length": round(counts.mean_acceptance_length, 3)}
+        **report.summary(),
+        "mean acceptance length": round(counts.mean_acceptance_length, 3),
+    }
     assert report.ok and len(report.exact) == len(want), report.explain()
     assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts

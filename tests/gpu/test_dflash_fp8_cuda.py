@@ -27,9 +27,9 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e  # noqa: E402
-import gpu_backends as gb  # noqa: E402
-import gpu_e2e  # noqa: E402
+import dflash_e2e as e2e
+import gpu_backends as gb
+import gpu_e2e
 
 HEAD = gpu_e2e.tiny_head_size()
 CAPABILITY = gb.current_capability()
@@ -40,7 +40,8 @@ TABLE = gb.support_table(head_size=HEAD, dtype=torch.bfloat16, device_capability
 def _record_support_table(measurements):
     measurements["gpu"] = f"{torch.cuda.get_device_name()} (sm {CAPABILITY.as_version_str()})"
     measurements["drafter backend support (head 64, bf16)"] = {
-        f"{b}/{kv}": reasons or "supported" for (b, kv), reasons in TABLE.items()}
+        f"{b}/{kv}": reasons or "supported" for (b, kv), reasons in TABLE.items()
+    }
     measurements["matrix mode"] = gpu_e2e.matrix_mode()
 
 
@@ -50,24 +51,31 @@ def _gap(kv: str, backend: str) -> str | None:
     return gb.runtime_gap(backend, kv) or (target_backend and gb.runtime_gap(target_backend, kv))
 
 
-def supported_cases(guard_fp8: tuple[str, ...] = (), eager_only: bool = False,
-                    quantized_only: bool = False, deep: bool = False):
+def supported_cases(
+    guard_fp8: tuple[str, ...] = (), eager_only: bool = False, quantized_only: bool = False, deep: bool = False
+):
     params = []
     for (backend, kv), reasons in TABLE.items():
         if reasons or (quantized_only and kv == "auto") or not gpu_e2e.in_matrix(kv, deep):
             continue
-        for eager in ((True,) if eager_only else gpu_e2e.eager_modes(kv)):
+        for eager in (True,) if eager_only else gpu_e2e.eager_modes(kv):
             marks = []
             if guard_fp8 and kv == "fp8" and eager:
                 marks.append(pytest.mark.needs_patch(*guard_fp8))
             if gap := _gap(kv, backend):
                 marks.append(pytest.mark.xfail(reason=f"vLLM 0.21.0: {gap}", strict=False))
-            params.append(pytest.param((kv, backend, eager), marks=marks,
-                                       id=gpu_e2e.case_id(kv, backend, eager)))
+            params.append(pytest.param((kv, backend, eager), marks=marks, id=gpu_e2e.case_id(kv, backend, eager)))
     if not params:
-        params.append(pytest.param(None, marks=pytest.mark.skip(
-            reason=f"no drafter backend supports DFlash on this GPU (sm {CAPABILITY}): "
-                   + "; ".join(f"{b}/{kv}: {r}" for (b, kv), r in TABLE.items())), id="none"))
+        params.append(
+            pytest.param(
+                None,
+                marks=pytest.mark.skip(
+                    reason=f"no drafter backend supports DFlash on this GPU (sm {CAPABILITY}): "
+                    + "; ".join(f"{b}/{kv}: {r}" for (b, kv), r in TABLE.items())
+                ),
+                id="none",
+            )
+        )
     return pytest.mark.parametrize("case", params)
 
 
@@ -77,8 +85,10 @@ def test_draft_layers_follow_kv_cache_dtype(case, matrix):
     layers = matrix.dflash(kv, backend, eager)["state"]["layers"]
     draft = {n: s for n, s in layers.items() if s["role"] == "draft"}
     target = {n: s for n, s in layers.items() if s["role"] == "target"}
-    print(f"\n[gpu] {gpu_e2e.case_id(*case)} draft layers: "
-          + ", ".join(f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(draft.items())))
+    print(
+        f"\n[gpu] {gpu_e2e.case_id(*case)} draft layers: "
+        + ", ".join(f"{n}: {s['kv_cache_dtype']}/{s['tensor_dtype']}" for n, s in sorted(draft.items()))
+    )
     assert len(draft) == 2 and len(target) == 4, sorted(layers)
     for name, s in sorted(layers.items()):
         assert s["kv_cache_dtype"] == kv, (name, s)
@@ -100,13 +110,14 @@ def test_kv_capacity_follows_kv_dtype(case, matrix, partial_pair, measurements):
 
     if current_platform.is_cuda():  # (the CPU backend lets VLLM_CPU_KVCACHE_SPACE win)
         assert memory == gpu_e2e.KV_MEMORY_BYTES, memory
-    expected, per_block = gpu_e2e.expected_blocks(gpu_e2e.pair_config(partial_pair), kv,
-                                                  state["block_size"], memory)
+    expected, per_block = gpu_e2e.expected_blocks(gpu_e2e.pair_config(partial_pair), kv, state["block_size"], memory)
     measured = state["num_blocks"]
     measurements[f"kv blocks {gpu_e2e.case_id(*case)}"] = measured
     measurements[f"kv tokens {gpu_e2e.case_id(*case)}"] = measured * state["block_size"]
-    print(f"\n[gpu] {gpu_e2e.case_id(*case)}: {measured} blocks of {state['block_size']} tokens "
-          f"(expected {expected}: {per_block} B/block in {memory} B)")
+    print(
+        f"\n[gpu] {gpu_e2e.case_id(*case)}: {measured} blocks of {state['block_size']} tokens "
+        f"(expected {expected}: {per_block} B/block in {memory} B)"
+    )
     assert abs(measured - expected) <= max(2, expected // 100)
 
 
@@ -141,8 +152,10 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
     ref = matrix.reference(kv, eager)
     mal, drafts, accepted = gpu_e2e.mean_acceptance(run["metrics"])
     measurements[f"mean acceptance length partial {gpu_e2e.case_id(*case)}"] = round(mal, 3)
-    print(f"\n[gpu] {gpu_e2e.case_id(*case)}: drafts {drafts}, accepted {accepted}, mean acceptance "
-          f"length {mal:.3f}, per position {run['metrics'].get('vllm:spec_decode_num_accepted_tokens_per_pos')}")
+    print(
+        f"\n[gpu] {gpu_e2e.case_id(*case)}: drafts {drafts}, accepted {accepted}, mean acceptance "
+        f"length {mal:.3f}, per position {run['metrics'].get('vllm:spec_decode_num_accepted_tokens_per_pos')}"
+    )
     assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, run["metrics"]
     assert all(len(got) == e2e.MAX_TOKENS for got in run["ids"])
     # bf16: equal, or parted at a near-tie (tests/support/lossless.py).
@@ -164,9 +177,11 @@ def test_full_acceptance_pair_accepts_every_draft(case, matrix, measurements):
     mal, drafts, accepted = gpu_e2e.mean_acceptance(m)
     draft_tokens = m["vllm:spec_decode_num_draft_tokens"]
     measurements[f"mean acceptance length full {gpu_e2e.case_id(*case)}"] = mal
-    print(f"\n[gpu] {gpu_e2e.case_id(*case)} full pair: drafts {drafts}, accepted {accepted}, "
-          f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, mean "
-          f"acceptance length {mal:.3f} (k + 1 = {e2e.NUM_SPEC_TOKENS + 1})")
+    print(
+        f"\n[gpu] {gpu_e2e.case_id(*case)} full pair: drafts {drafts}, accepted {accepted}, "
+        f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, mean "
+        f"acceptance length {mal:.3f} (k + 1 = {e2e.NUM_SPEC_TOKENS + 1})"
+    )
     assert all(t == [FULL_TOKEN] * e2e.MAX_TOKENS for t in run["ids"])
     assert drafts > 0
     assert accepted == draft_tokens == drafts * e2e.NUM_SPEC_TOKENS

@@ -46,9 +46,11 @@ if not torch.cuda.is_available():
 REAL_TARGET = os.environ.get("VLLM_FORK_REAL_TARGET")
 REAL_DRAFT = os.environ.get("VLLM_FORK_REAL_DRAFT")
 if not (REAL_TARGET and REAL_DRAFT):
-    pytest.skip("real-model DFlash checks are opt-in: set VLLM_FORK_REAL_TARGET and "
-                "VLLM_FORK_REAL_DRAFT (e.g. Qwen/Qwen3-8B and z-lab/Qwen3-8B-DFlash-b16)",
-                allow_module_level=True)
+    pytest.skip(
+        "real-model DFlash checks are opt-in: set VLLM_FORK_REAL_TARGET and "
+        "VLLM_FORK_REAL_DRAFT (e.g. Qwen/Qwen3-8B and z-lab/Qwen3-8B-DFlash-b16)",
+        allow_module_level=True,
+    )
 
 import dflash_e2e as e2e  # noqa: E402
 import gpu_backends as gb  # noqa: E402
@@ -72,8 +74,7 @@ SPEC_TOKENS = int(os.environ.get("VLLM_FORK_REAL_SPEC_TOKENS", "15"))
 MAX_TOKENS = int(os.environ.get("VLLM_FORK_REAL_MAX_TOKENS", "2048"))
 MIN_GPU_GB = float(os.environ.get("VLLM_FORK_REAL_MIN_GPU_GB", "40"))
 GSM8K_ACCURACY = os.environ.get("VLLM_FORK_GSM8K_ACCURACY") == "1"
-GSM8K_MIN_ACCURACY = float(os.environ.get("VLLM_FORK_GSM8K_MIN_ACCURACY",
-                                          str(KNOWN.get("gsm8k_accuracy", 0.75))))
+GSM8K_MIN_ACCURACY = float(os.environ.get("VLLM_FORK_GSM8K_MIN_ACCURACY", str(KNOWN.get("gsm8k_accuracy", 0.75))))
 
 
 def _gpu_gib() -> float:
@@ -82,8 +83,9 @@ def _gpu_gib() -> float:
     return current_platform.get_device_total_memory() / (1 << 30)
 
 
-pytestmark = pytest.mark.skipif(_gpu_gib() < MIN_GPU_GB,
-                                reason=f"needs a GPU with >= {MIN_GPU_GB} GiB (VLLM_FORK_REAL_MIN_GPU_GB)")
+pytestmark = pytest.mark.skipif(
+    _gpu_gib() < MIN_GPU_GB, reason=f"needs a GPU with >= {MIN_GPU_GB} GiB (VLLM_FORK_REAL_MIN_GPU_GB)"
+)
 
 
 def head_size(model: str) -> int:
@@ -96,8 +98,9 @@ def head_size(model: str) -> int:
 def drafter_backend(kv_dtype: str) -> str | None:
     if name := os.environ.get("VLLM_FORK_REAL_BACKEND"):
         return name
-    ok = gb.working_backends(kv_dtype, head_size=head_size(REAL_DRAFT), dtype=torch.bfloat16,
-                             device_capability=gb.current_capability())
+    ok = gb.working_backends(
+        kv_dtype, head_size=head_size(REAL_DRAFT), dtype=torch.bfloat16, device_capability=gb.current_capability()
+    )
     return ok[0] if ok else None
 
 
@@ -142,32 +145,49 @@ class RealRuns:
         from vllm import SamplingParams
 
         if self.backend is None:
-            pytest.skip(f"no drafter backend validates DFlash with an fp8 KV cache on this GPU "
-                        f"(sm {gb.current_capability()}; vLLM issue #41559)")
+            pytest.skip(
+                f"no drafter backend validates DFlash with an fp8 KV cache on this GPU "
+                f"(sm {gb.current_capability()}; vLLM issue #41559)"
+            )
         llm = e2e.start_llm(
-            ("real", kv_dtype), model=REAL_TARGET, kv_cache_dtype=kv_dtype,
+            ("real", kv_dtype),
+            model=REAL_TARGET,
+            kv_cache_dtype=kv_dtype,
             speculative_config=e2e.dflash_spec_config(
-                REAL_DRAFT, num_speculative_tokens=SPEC_TOKENS, attention_backend=self.backend),
-            max_model_len=MAX_TOKENS + 2048, max_num_seqs=32, gpu_memory_utilization=0.85,
-            enforce_eager=False, **text_only_overrides(REAL_TARGET),
+                REAL_DRAFT, num_speculative_tokens=SPEC_TOKENS, attention_backend=self.backend
+            ),
+            max_model_len=MAX_TOKENS + 2048,
+            max_num_seqs=32,
+            gpu_memory_utilization=0.85,
+            enforce_eager=False,
+            **text_only_overrides(REAL_TARGET),
         )
         tok = llm.get_tokenizer()
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
         results = {}
         for dataset in DATASET_NAMES:
             rows = load_prompts(dataset)
-            prompts = [tok.apply_chat_template([{"role": "user", "content": user_message(dataset, r)}],
-                                               tokenize=False, add_generation_prompt=True,
-                                               enable_thinking=False) for r in rows]
+            prompts = [
+                tok.apply_chat_template(
+                    [{"role": "user", "content": user_message(dataset, r)}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    enable_thinking=False,
+                )
+                for r in rows
+            ]
             before = e2e.spec_metrics(llm)
             outs = llm.generate(prompts, params, use_tqdm=False)
             m = _delta(before, e2e.spec_metrics(llm))
             mal, drafts, accepted = gpu_e2e.mean_acceptance(m)
             per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
             results[dataset] = {
-                "acceptance_length": mal, "drafts": drafts, "accepted": accepted,
+                "acceptance_length": mal,
+                "drafts": drafts,
+                "accepted": accepted,
                 "per_position": [p / drafts for p in per_pos] if drafts else [],
-                "texts": [o.outputs[0].text for o in outs], "rows": rows,
+                "texts": [o.outputs[0].text for o in outs],
+                "rows": rows,
             }
         e2e.shutdown_llm()
         return results
@@ -190,9 +210,11 @@ def test_bf16_kv_acceptance_length_reaches_the_paper(case, real, measurements):
     got = real.get("auto")[case]
     floor = PAPER_FRACTION * PAPER_ACCEPTANCE[case]
     measurements[f"real {case} acceptance length kv=auto"] = round(got["acceptance_length"], 3)
-    print(f"\n[gpu] {REAL_TARGET} + {REAL_DRAFT} ({real.backend}), {case}, bf16 KV: mean acceptance "
-          f"length {got['acceptance_length']:.3f} (paper {PAPER_ACCEPTANCE[case]}, floor {floor:.3f}); "
-          f"per position {[round(p, 3) for p in got['per_position']]}")
+    print(
+        f"\n[gpu] {REAL_TARGET} + {REAL_DRAFT} ({real.backend}), {case}, bf16 KV: mean acceptance "
+        f"length {got['acceptance_length']:.3f} (paper {PAPER_ACCEPTANCE[case]}, floor {floor:.3f}); "
+        f"per position {[round(p, 3) for p in got['per_position']]}"
+    )
     assert got["acceptance_length"] >= floor
 
 

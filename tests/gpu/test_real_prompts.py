@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import real_prompts as rp
 
 
@@ -20,13 +19,16 @@ def test_gsm8k_answers_are_numbers():
         assert rp.gsm8k_answer(row).lstrip("-").isdigit(), row
 
 
-@pytest.mark.parametrize("text, answer", [
-    ("so she makes 9 * 2 = 18 dollars. \\boxed{18}", "18"),
-    ("The profit is \\boxed{\\$70,000}.", "70000"),
-    ("\\boxed{18.00}", "18"),
-    ("no box: first 3 then 45", "45"),
-    ("\\boxed{2.5}", "2.5"),
-    ("nothing here", None),
-])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("so she makes 9 * 2 = 18 dollars. \\boxed{18}", "18"),
+        ("The profit is \\boxed{\\$70,000}.", "70000"),
+        ("\\boxed{18.00}", "18"),
+        ("no box: first 3 then 45", "45"),
+        ("\\boxed{2.5}", "2.5"),
+        ("nothing here", None),
+    ],
+)
 def test_extracted_answer(text, answer):
     assert rp.extracted_answer(text) == answer

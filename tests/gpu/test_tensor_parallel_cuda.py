@@ -17,8 +17,10 @@ import torch
 
 MIN_GPUS = 2
 if torch.cuda.device_count() < MIN_GPUS:
-    pytest.skip(f"tensor parallelism needs {MIN_GPUS} CUDA devices; torch sees "
-                f"{torch.cuda.device_count()}", allow_module_level=True)
+    pytest.skip(
+        f"tensor parallelism needs {MIN_GPUS} CUDA devices; torch sees {torch.cuda.device_count()}",
+        allow_module_level=True,
+    )
 
 import dflash_e2e as e2e  # noqa: E402
 import gpu_e2e  # noqa: E402
@@ -37,11 +39,14 @@ def _run(pair, dflash: bool) -> dict:
     llm = e2e.start_llm(("tp2", dflash), **kwargs)
     try:
         ids, logprobs = e2e.generate_with_logprobs(llm, PROMPTS, MAX_TOKENS)
-        texts = [o.outputs[0].text for o in llm.generate(PROMPTS, e2e.greedy_params(MAX_TOKENS),
-                                                         use_tqdm=False)]
-        return {"ids": ids, "logprobs": logprobs, "texts": texts,
-                "ranks": llm.collective_rpc(e2e.worker_kv_state),
-                "metrics": e2e.spec_metrics(llm) if dflash else {}}
+        texts = [o.outputs[0].text for o in llm.generate(PROMPTS, e2e.greedy_params(MAX_TOKENS), use_tqdm=False)]
+        return {
+            "ids": ids,
+            "logprobs": logprobs,
+            "texts": texts,
+            "ranks": llm.collective_rpc(e2e.worker_kv_state),
+            "metrics": e2e.spec_metrics(llm) if dflash else {},
+        }
     finally:
         e2e.shutdown_llm()
 

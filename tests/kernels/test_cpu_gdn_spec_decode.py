@@ -11,7 +11,6 @@ and spec requests together).
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -60,13 +59,9 @@ class FakeGDNLayer(torch.nn.Module):
         gen = torch.Generator().manual_seed(seed)
         self.prefix = PREFIX
         self.activation = "silu"
-        self.conv1d = torch.nn.Conv1d(
-            CONV_DIM, CONV_DIM, CONV_KERNEL, groups=CONV_DIM, bias=True
-        )
+        self.conv1d = torch.nn.Conv1d(CONV_DIM, CONV_DIM, CONV_KERNEL, groups=CONV_DIM, bias=True)
         with torch.no_grad():
-            self.conv1d.weight.copy_(
-                torch.randn(self.conv1d.weight.shape, generator=gen) * 0.5
-            )
+            self.conv1d.weight.copy_(torch.randn(self.conv1d.weight.shape, generator=gen) * 0.5)
             self.conv1d.bias.copy_(torch.randn(CONV_DIM, generator=gen) * 0.1)
         self.A_log = torch.randn(NUM_V_HEADS, generator=gen) * 0.5
         self.dt_bias = torch.randn(NUM_V_HEADS, generator=gen) * 0.5
@@ -75,9 +70,7 @@ class FakeGDNLayer(torch.nn.Module):
             conv_state = torch.randn(NUM_SLOTS, CONV_DIM, state_len, generator=gen)
         else:
             conv_state = torch.randn(NUM_SLOTS, state_len, CONV_DIM, generator=gen)
-        ssm_state = torch.randn(
-            NUM_SLOTS, NUM_V_HEADS, HEAD_V_DIM, HEAD_K_DIM, generator=gen
-        )
+        ssm_state = torch.randn(NUM_SLOTS, NUM_V_HEADS, HEAD_V_DIM, HEAD_K_DIM, generator=gen)
         self.kv_cache = [conv_state, ssm_state * 0.3]
 
     def rearrange_mixed_qkv(self, mixed_qkv):
@@ -102,13 +95,9 @@ class FakeGDNLayer(torch.nn.Module):
 
 def make_builder(num_spec: int) -> GDNAttentionMetadataBuilder:
     vllm_config = SimpleNamespace(
-        compilation_config=SimpleNamespace(
-            cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=None
-        ),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=None),
         speculative_config=(
-            SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
-            if num_spec
-            else None
+            SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False) if num_spec else None
         ),
         scheduler_config=SimpleNamespace(max_num_seqs=16),
         cache_config=SimpleNamespace(mamba_cache_mode="none"),
@@ -121,9 +110,7 @@ def make_builder(num_spec: int) -> GDNAttentionMetadataBuilder:
         mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
         num_speculative_blocks=num_spec,
     )
-    return GDNAttentionMetadataBuilder(
-        kv_cache_spec, [PREFIX], vllm_config, torch.device("cpu")
-    )
+    return GDNAttentionMetadataBuilder(kv_cache_spec, [PREFIX], vllm_config, torch.device("cpu"))
 
 
 def build_metadata(
@@ -156,9 +143,7 @@ def build_metadata(
     if num_decode_draft_tokens is not None:
         kwargs = dict(
             num_accepted_tokens=torch.tensor(num_accepted_tokens, dtype=torch.int32),
-            num_decode_draft_tokens_cpu=torch.tensor(
-                num_decode_draft_tokens, dtype=torch.int32
-            ),
+            num_decode_draft_tokens_cpu=torch.tensor(num_decode_draft_tokens, dtype=torch.int32),
         )
     return builder.build(0, common, **kwargs)
 
@@ -171,9 +156,7 @@ def run_op(module, layer, metadata, mixed_qkv, b, a) -> torch.Tensor:
         slot_mapping={},
     )
     with override_forward_context(context):
-        module.cpu_gdn_attention_core(
-            mixed_qkv.clone(), b.clone(), a.clone(), out, PREFIX
-        )
+        module.cpu_gdn_attention_core(mixed_qkv.clone(), b.clone(), a.clone(), out, PREFIX)
     return out
 
 
@@ -187,10 +170,7 @@ def random_tokens(gen, num_tokens):
 
 def block_tables(num_reqs, num_spec=NUM_SPEC):
     # Slot 0 is the null block.
-    return [
-        [1 + r * (num_spec + 1) + j for j in range(num_spec + 1)]
-        for r in range(num_reqs)
-    ]
+    return [[1 + r * (num_spec + 1) + j for j in range(num_spec + 1)] for r in range(num_reqs)]
 
 
 def sequential_reference(module, layer, slots, token_seqs):
@@ -217,9 +197,7 @@ def sequential_reference(module, layer, slots, token_seqs):
             block_table=[[ref_slots[r]] for r in live],
         )
         assert metadata.num_decodes == len(live) and metadata.num_prefills == 0
-        x, b, a = (
-            torch.stack([token_seqs[r][i][t] for r in live]) for i in range(3)
-        )
+        x, b, a = (torch.stack([token_seqs[r][i][t] for r in live]) for i in range(3))
         out = run_op(module, ref, metadata, x, b, a)
         for i, r in enumerate(live):
             results[r].append(
@@ -265,10 +243,7 @@ class SpecRun:
             self.module,
             self.initial,
             [row[0] for row in self.block_table],
-            [
-                tuple(acc + list(new) for acc, new in zip(hist, tok))
-                for hist, tok in zip(self.accepted, tokens)
-            ],
+            [tuple(acc + list(new) for acc, new in zip(hist, tok)) for hist, tok in zip(self.accepted, tokens)],
         )
         start = 0
         for r, n in enumerate(query_lens):
@@ -278,9 +253,7 @@ class SpecRun:
                 ref_out, ref_ssm, ref_conv = reference[r][history + t]
                 torch.testing.assert_close(out[start + t], ref_out, **EXACT)
                 # The state after token t is in the slot of column t ...
-                torch.testing.assert_close(
-                    self.layer.ssm_state()[self.block_table[r][t]], ref_ssm, **EXACT
-                )
+                torch.testing.assert_close(self.layer.ssm_state()[self.block_table[r][t]], ref_ssm, **EXACT)
                 # ... and the conv window ending with token t starts at
                 # column t of the column-0 slot.
                 torch.testing.assert_close(
@@ -330,9 +303,7 @@ def test_mixed_batch_matches_separate_runs():
     draft_tokens = [3, -1, 1, -1]
     num_accepted = [2, 1, 3, 1]
     x, b, a = random_tokens(gen, sum(query_lens))
-    metadata = build_metadata(
-        builder, query_lens, num_computed, table, draft_tokens, num_accepted
-    )
+    metadata = build_metadata(builder, query_lens, num_computed, table, draft_tokens, num_accepted)
     assert metadata.num_spec_decodes == 2
     # The non-spec one-token request is classified as a prefill.
     assert metadata.num_prefills == 2 and metadata.num_decodes == 0
@@ -352,14 +323,10 @@ def test_mixed_batch_matches_separate_runs():
         [3, 1],
         [2, 3],
     )
-    expected[spec_rows] = run_op(
-        gdn, alone, spec_md, x[spec_rows], b[spec_rows], a[spec_rows]
-    )
+    expected[spec_rows] = run_op(gdn, alone, spec_md, x[spec_rows], b[spec_rows], a[spec_rows])
     for r in (1, 3):
         r_rows = rows(r)
-        md = build_metadata(
-            builder, [query_lens[r]], [num_computed[r]], [table[r]]
-        )
+        md = build_metadata(builder, [query_lens[r]], [num_computed[r]], [table[r]])
         assert (md.num_decodes, md.num_prefills) == ((1, 0) if r == 1 else (0, 1))
         expected[r_rows] = run_op(gdn, alone, md, x[r_rows], b[r_rows], a[r_rows])
 
@@ -389,12 +356,7 @@ def test_plain_decode_with_spec_sized_conv_state():
         initial.conv_state()[table[r][0]] = 0
         initial.ssm_state()[table[r][0]] = 0
         s0, s1 = r * (NUM_SPEC + 1), (r + 1) * (NUM_SPEC + 1)
-        seqs.append(
-            tuple(
-                torch.cat([prompt[i][p0:p1], decode[i][r : r + 1], spec[i][s0:s1]])
-                for i in range(3)
-            )
-        )
+        seqs.append(tuple(torch.cat([prompt[i][p0:p1], decode[i][r : r + 1], spec[i][s0:s1]]) for i in range(3)))
     reference = sequential_reference(gdn, initial, [row[0] for row in table], seqs)
 
     md = build_metadata(builder, prompt_lens, [0, 0], table)
@@ -418,6 +380,4 @@ def test_plain_decode_with_spec_sized_conv_state():
     out = run_op(gdn, layer, md, *spec)
     for r, plen in enumerate(prompt_lens):
         for t in range(NUM_SPEC + 1):
-            torch.testing.assert_close(
-                out[r * (NUM_SPEC + 1) + t], reference[r][plen + 1 + t][0], **CLOSE
-            )
+            torch.testing.assert_close(out[r * (NUM_SPEC + 1) + t], reference[r][plen + 1 + t][0], **CLOSE)

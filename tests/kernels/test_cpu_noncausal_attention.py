@@ -25,12 +25,12 @@ import pytest
 import torch
 
 from vllm import _custom_ops as ops
-from vllm.v1.attention.backends.cpu_attn_torch_fp8 import kernels_support_fp8_kv
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackendImpl,
     CPUAttentionMetadata,
     _get_attn_isa,
 )
+from vllm.v1.attention.backends.cpu_attn_torch_fp8 import kernels_support_fp8_kv
 
 HEAD_SIZE = 64
 NUM_HEADS = 4
@@ -69,16 +69,16 @@ ISA_COMBOS = [
 COMBO_PARAMS = [pytest.param(c, id=c.id) for c in ISA_COMBOS]
 # The fp8 caches run on the default combo only (the one the engine picks).
 COMBO_KV_PARAMS = [
-    pytest.param(c, kv, id=f"{c.id}-{kv}")
-    for c in ISA_COMBOS for kv in (KV_DTYPES if c is DEFAULT_COMBO else ["auto"])
+    pytest.param(c, kv, id=f"{c.id}-{kv}") for c in ISA_COMBOS for kv in (KV_DTYPES if c is DEFAULT_COMBO else ["auto"])
 ]
 # Without AVX-512/AMX an fp8 cache is read by the fork's torch path
 # (cpu_attn_torch_fp8), which never had the kernel's stale-slot bug: those
 # cases check correctness but cannot guard patch 0006 there.
 FP8_IN_KERNELS = kernels_support_fp8_kv()
 GUARDS_0006_PARAMS = [
-    pytest.param(*p.values, id=p.id,
-                 marks=[pytest.mark.needs_patch("0006")] if p.values[1] == "auto" or FP8_IN_KERNELS else [])
+    pytest.param(
+        *p.values, id=p.id, marks=[pytest.mark.needs_patch("0006")] if p.values[1] == "auto" or FP8_IN_KERNELS else []
+    )
     for p in COMBO_KV_PARAMS
 ]
 
@@ -102,15 +102,18 @@ def _amx_permitted() -> bool | None:
 
 def _skip_if_isa_unusable(isa: str) -> None:
     if isa == "amx" and _amx_permitted() is False:
-        pytest.skip("the CPU has AMX but Linux refused this process AMX tile-data permission "
-                    "(torch.cpu._init_amx() returned False): the amx kernel would die with SIGILL")
+        pytest.skip(
+            "the CPU has AMX but Linux refused this process AMX tile-data permission "
+            "(torch.cpu._init_amx() returned False): the amx kernel would die with SIGILL"
+        )
 
 
 class PagedCase:
     """A batch of requests over a paged KV cache full of stale K/V."""
 
-    def __init__(self, kv_dtype: str, batch, *, sliding_window: int | None = None, seed: int = 0,
-                 combo: IsaCombo = DEFAULT_COMBO):
+    def __init__(
+        self, kv_dtype: str, batch, *, sliding_window: int | None = None, seed: int = 0, combo: IsaCombo = DEFAULT_COMBO
+    ):
         gen = torch.Generator().manual_seed(seed)
         self.kv_dtype = kv_dtype
         self.batch = batch
@@ -170,8 +173,15 @@ class PagedCase:
     def _write(self, k, v, slots) -> None:
         key_cache, value_cache = self.kv_cache.unbind(0)
         ops.cpu_attn_reshape_and_cache(
-            k, v, key_cache, value_cache, slots, self.isa,
-            k_scale=1.0, v_scale=1.0, kv_cache_dtype=self.kv_dtype,
+            k,
+            v,
+            key_cache,
+            value_cache,
+            slots,
+            self.isa,
+            k_scale=1.0,
+            v_scale=1.0,
+            kv_cache_dtype=self.kv_dtype,
         )
 
     def _as_stored(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,10 +210,17 @@ class PagedCase:
             block_table=self.block_table,
             slot_mapping=torch.empty(0, dtype=torch.int64),
             scheduler_metadata=ops.cpu_attn_get_scheduler_metadata(
-                num_reqs=len(self.batch), num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS,
-                head_dim=HEAD_SIZE, seq_lens=self.seq_lens, dtype=self.dtype,
-                query_start_loc=self.query_start_loc, causal=causal,
-                sliding_window_size=window, isa=self.isa, enable_kv_split=False,
+                num_reqs=len(self.batch),
+                num_heads=NUM_HEADS,
+                num_kv_heads=NUM_KV_HEADS,
+                head_dim=HEAD_SIZE,
+                seq_lens=self.seq_lens,
+                dtype=self.dtype,
+                query_start_loc=self.query_start_loc,
+                causal=causal,
+                sliding_window_size=window,
+                isa=self.isa,
+                enable_kv_split=False,
             ),
             causal=causal,
         )
@@ -245,8 +262,7 @@ TOLERANCE = 0.05
 def test_noncausal_ignores_stale_kv_past_seq_len(combo, kv_dtype):
     case = PagedCase(kv_dtype, MIXED_BATCH, combo=combo)
     err = _max_err(case, causal=False)
-    print(f"\n[kernel] CPU_ATTN non-causal {combo.describe(case.isa)}, kv={kv_dtype}: "
-          f"max |out - ref| = {err:.4f}")
+    print(f"\n[kernel] CPU_ATTN non-causal {combo.describe(case.isa)}, kv={kv_dtype}: max |out - ref| = {err:.4f}")
     assert err < TOLERANCE, f"non-causal attention read K/V past seq_len (isa={case.isa}, max error {err:.3f})"
 
 
@@ -269,8 +285,10 @@ GUARDS_0006 = pytest.mark.needs_patch("0006")
 def test_noncausal_single_request_block_boundaries(query_len, seq_len, combo):
     case = PagedCase("auto", [(query_len, seq_len)], seed=seq_len, combo=combo)
     err = _max_err(case, causal=False)
-    print(f"\n[kernel] CPU_ATTN non-causal ({query_len}, {seq_len}) {combo.describe(case.isa)}: "
-          f"max |out - ref| = {err:.4f}")
+    print(
+        f"\n[kernel] CPU_ATTN non-causal ({query_len}, {seq_len}) {combo.describe(case.isa)}: "
+        f"max |out - ref| = {err:.4f}"
+    )
     assert err < TOLERANCE, f"non-causal attention read K/V past seq_len (isa={case.isa}, max error {err:.3f})"
 
 
@@ -292,10 +310,20 @@ def test_causal_path_is_the_unchanged_kernel(combo):
     direct = torch.empty_like(case.query)
     key_cache, value_cache = case.kv_cache.unbind(0)
     ops.cpu_attention_with_kv_cache(
-        query=case.query, key_cache=key_cache, value_cache=value_cache, output=direct,
-        query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens, scale=case.impl.scale,
-        causal=True, alibi_slopes=None, sliding_window=(-1, -1), block_table=meta.block_table,
-        softcap=0, scheduler_metadata=meta.scheduler_metadata, s_aux=None,
+        query=case.query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=direct,
+        query_start_loc=meta.query_start_loc,
+        seq_lens=meta.seq_lens,
+        scale=case.impl.scale,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=(-1, -1),
+        block_table=meta.block_table,
+        softcap=0,
+        scheduler_metadata=meta.scheduler_metadata,
+        s_aux=None,
     )
     assert torch.equal(case.run(causal=True), direct.float())
 
@@ -324,6 +352,8 @@ def test_kv_written_outside_forward_is_what_attention_reads(kv_dtype):
     cache dtype asks."""
     case = CacheWrittenByTheImpl(kv_dtype, MIXED_BATCH)
     err = _max_err(case, causal=True)
-    print(f"\n[kernel] CPU_ATTN K/V from do_kv_cache_update {DEFAULT_COMBO.describe(case.isa)}, "
-          f"kv={kv_dtype}: max |out - ref| = {err:.4f}")
+    print(
+        f"\n[kernel] CPU_ATTN K/V from do_kv_cache_update {DEFAULT_COMBO.describe(case.isa)}, "
+        f"kv={kv_dtype}: max |out - ref| = {err:.4f}"
+    )
     assert err < TOLERANCE

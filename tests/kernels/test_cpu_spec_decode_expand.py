@@ -52,12 +52,19 @@ def _expected(values, replace_from, replace_to):
 @pytest.mark.parametrize(
     "what, dtype, values, replace_from, replace_to",
     [
-        pytest.param("temperature", torch.float32, [0.9, 0.7, 0.0], 0, 1, id="temperature-float32",
-                     marks=pytest.mark.needs_patch("0019")),
-        pytest.param("top_p", torch.float32, [0.5, 1.0, 0.25], 0, 0, id="top_p-float32",
-                     marks=pytest.mark.needs_patch("0019")),
-        pytest.param("top_k", torch.int32, [5, 3, 7], 0, 0, id="top_k-int32",
-                     marks=pytest.mark.needs_patch("0019")),
+        pytest.param(
+            "temperature",
+            torch.float32,
+            [0.9, 0.7, 0.0],
+            0,
+            1,
+            id="temperature-float32",
+            marks=pytest.mark.needs_patch("0019"),
+        ),
+        pytest.param(
+            "top_p", torch.float32, [0.5, 1.0, 0.25], 0, 0, id="top_p-float32", marks=pytest.mark.needs_patch("0019")
+        ),
+        pytest.param("top_k", torch.int32, [5, 3, 7], 0, 0, id="top_k-int32", marks=pytest.mark.needs_patch("0019")),
         pytest.param("ids", torch.int64, [11, 12, 0], 0, 13, id="int64"),
     ],
 )
@@ -65,7 +72,8 @@ def test_expand_batch_to_tokens_on_cpu(cpu_rejection_kernels, what, dtype, value
     x = torch.tensor(values, dtype=dtype)
     cu = torch.tensor(CU_NUM_TOKENS, dtype=torch.int32)
     got = cpu_rejection_kernels.expand_batch_to_tokens(
-        x, cu, CU_NUM_TOKENS[-1], replace_from=replace_from, replace_to=replace_to)
+        x, cu, CU_NUM_TOKENS[-1], replace_from=replace_from, replace_to=replace_to
+    )
     want = torch.tensor(_expected(values, replace_from, replace_to), dtype=dtype)
     assert got.dtype == dtype
     assert torch.equal(got, want), f"{what}: got {got.tolist()}, want {want.tolist()}"

@@ -89,19 +89,38 @@ class Case:
 
     def _write(self, k, v, slots):
         key_cache, value_cache = self.kv_cache.unbind(0)
-        ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, self.isa,
-                                       k_scale=self.k_scale, v_scale=self.v_scale,
-                                       kv_cache_dtype=self.kv_dtype)
+        ops.cpu_attn_reshape_and_cache(
+            k,
+            v,
+            key_cache,
+            value_cache,
+            slots,
+            self.isa,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            kv_cache_dtype=self.kv_dtype,
+        )
 
     def run(self, causal, *, sliding_window=(-1, -1), softcap=0.0, sinks=None, alibi=None):
         out = torch.empty_like(self.query)
         key_cache, value_cache = self.kv_cache.unbind(0)
         ops.cpu_attention_with_kv_cache(
-            query=self.query, key_cache=key_cache, value_cache=value_cache, output=out,
-            query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
-            scale=1 / math.sqrt(HEAD_SIZE), causal=causal, alibi_slopes=alibi,
-            sliding_window=sliding_window, block_table=self.block_table, softcap=softcap,
-            scheduler_metadata=None, s_aux=sinks, k_scale=self.k_scale, v_scale=self.v_scale,
+            query=self.query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=out,
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens,
+            scale=1 / math.sqrt(HEAD_SIZE),
+            causal=causal,
+            alibi_slopes=alibi,
+            sliding_window=sliding_window,
+            block_table=self.block_table,
+            softcap=softcap,
+            scheduler_metadata=None,
+            s_aux=sinks,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
             kv_cache_dtype=self.kv_dtype,
         )
         return out.double()
@@ -204,8 +223,11 @@ def test_no_avx512_mode_reaches_child_processes():
     from pathlib import Path
 
     override = Path(__file__).resolve().parents[1] / "support" / "no_avx512"
-    env = {**os.environ, "VLLM_FORK_TEST_NO_AVX512": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(override), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "VLLM_FORK_TEST_NO_AVX512": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(override), os.environ.get("PYTHONPATH")])),
+    }
     p = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"rc={p.returncode}\n{p.stderr[-3000:]}"
     line = p.stdout.strip().splitlines()[-1]

@@ -30,10 +30,8 @@ def builder():
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    spec = MambaSpec(block_size=16, shapes=((3, 8), (2, 4, 4)),
-                     dtypes=(torch.float32, torch.float32))
-    return GDNAttentionMetadataBuilder(spec, ["layers.0.linear_attn"], VllmConfig(),
-                                       torch.device("cpu"))
+    spec = MambaSpec(block_size=16, shapes=((3, 8), (2, 4, 4)), dtypes=(torch.float32, torch.float32))
+    return GDNAttentionMetadataBuilder(spec, ["layers.0.linear_attn"], VllmConfig(), torch.device("cpu"))
 
 
 def _batch(rows):
@@ -45,13 +43,19 @@ def _batch(rows):
     qsl = torch.zeros(len(rows) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(query_lens, 0)
     return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, num_reqs=len(rows),
-        num_actual_tokens=int(qsl[-1]), max_query_len=int(query_lens.max()),
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens,
+        num_reqs=len(rows),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
         block_table_tensor=torch.arange(1, len(rows) + 1, dtype=torch.int32)[:, None],
         slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
-        _seq_lens_cpu=seq_lens, _num_computed_tokens_cpu=seq_lens - query_lens,
-        is_prefilling=torch.tensor([r[2] for r in rows]))
+        _seq_lens_cpu=seq_lens,
+        _num_computed_tokens_cpu=seq_lens - query_lens,
+        is_prefilling=torch.tensor([r[2] for r in rows]),
+    )
 
 
 def _split(md):

@@ -52,11 +52,11 @@ def results(request) -> dict[str, dict]:
     seconds per case)."""
     pytest.importorskip("triton", reason="Triton is not installed (torch's Linux wheels bring it)")
     here = Path(request.module.__file__)
-    wanted = sorted({rid for item in request.session.items
-                     if Path(str(item.fspath)) == here and (rid := _result_id(item))})
+    wanted = sorted(
+        {rid for item in request.session.items if Path(str(item.fspath)) == here and (rid := _result_id(item))}
+    )
     proc = subprocess.run(
-        [sys.executable, str(HERE / "triton_attention_cases.py"), "--device", DEVICE,
-         "--only", ",".join(wanted)],
+        [sys.executable, str(HERE / "triton_attention_cases.py"), "--device", DEVICE, "--only", ",".join(wanted)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -243,7 +243,6 @@ def pristine_kernel_module():
     """The base wheel's unified attention module, loaded next to the fork's."""
     sys.path.append(str(REPO_ROOT))
     from forkbuild.base import cache_dir  # stdlib-only build code of this repo
-
     from vllm.fork.info import provenance
 
     base = provenance()["base"]
@@ -284,14 +283,13 @@ def run_backend(case: Case, device: str):
 
     import torch
 
+    from vllm.platforms import current_platform
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.triton_attn import (
         TritonAttentionBackend,
         TritonAttentionImpl,
         TritonAttentionMetadataBuilder,
     )
-
-    from vllm.platforms import current_platform
 
     # TRITON_ATTN stores every fp8 variant in the platform's fp8 dtype.
     inputs = Inputs(case, device, fp8_storage=current_platform.fp8_dtype())
@@ -357,13 +355,13 @@ def _guarded(result: dict, fn) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--only", metavar="ID,ID,...",
-                        help="run only the checks with these result ids (default: all)")
+    parser.add_argument("--only", metavar="ID,ID,...", help="run only the checks with these result ids (default: all)")
     args = parser.parse_args()
     wanted = set(args.only.split(",")) if args.only else None
 
     def selected(result_id: str) -> bool:
         return wanted is None or result_id in wanted
+
     if args.device == "cpu":
         enable_triton_interpreter()
 
@@ -377,7 +375,9 @@ def main() -> None:
         results.append(
             _guarded(
                 {"id": case.id, "check": "reference", "causal": case.causal},
-                lambda: {"max_err": (inputs.run_kernel(unified_attention) - inputs.reference()).abs().max().item()},
+                lambda inputs=inputs: {
+                    "max_err": (inputs.run_kernel(unified_attention) - inputs.reference()).abs().max().item()
+                },
             )
         )
 
@@ -405,8 +405,10 @@ def main() -> None:
         if not selected(f"backend-{case.id}"):
             continue
         results.append(
-            _guarded({"id": f"backend-{case.id}", "check": "backend", "causal": case.causal},
-                     lambda case=case: run_backend(case, args.device))
+            _guarded(
+                {"id": f"backend-{case.id}", "check": "backend", "causal": case.causal},
+                lambda case=case: run_backend(case, args.device),
+            )
         )
     json.dump({"device": args.device, "cases": results}, sys.stdout)
 

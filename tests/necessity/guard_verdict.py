@@ -77,8 +77,10 @@ class Run:
         stderr = self.stderr
         if len(stderr) > 2 * chars:
             stderr = f"{stderr[:chars]}\n[... {len(stderr) - 2 * chars} chars ...]\n{stderr[-chars:]}"
-        return (f"--- stdout (last {chars} chars) ---\n{self.stdout[-chars:]}\n"
-                f"--- stderr (first and last {chars} chars) ---\n{stderr}")
+        return (
+            f"--- stdout (last {chars} chars) ---\n{self.stdout[-chars:]}\n"
+            f"--- stderr (first and last {chars} chars) ---\n{stderr}"
+        )
 
 
 @dataclass
@@ -119,8 +121,7 @@ def read_junit(junit: Path) -> dict[str, str]:
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         name = props.get("nodeid") or f"{case.get('classname')}::{case.get('name')}"
         kinds = {child.tag for child in case}
-        outcomes[name] = (FAILED if kinds & {"failure", "error"} else
-                          SKIPPED if "skipped" in kinds else PASSED)
+        outcomes[name] = FAILED if kinds & {"failure", "error"} else SKIPPED if "skipped" in kinds else PASSED
     return outcomes
 
 
@@ -166,53 +167,74 @@ def classify(
     return guards
 
 
-def verdict(patch: str, number: str, run: Run, guards: list[Guard],
-            selected_known: bool = True) -> Verdict:
+def verdict(patch: str, number: str, run: Run, guards: list[Guard], selected_known: bool = True) -> Verdict:
     """Whether the guards prove that the build without `patch` is broken,
     with a report that always names the exit status and output tails."""
     by = {kind: [g for g in guards if g.outcome == kind] for kind in (PASSED, FAILED, SKIPPED, CRASHED)}
-    lines = [f"without {patch}: pytest {run.exit_status()}; "
-             + ", ".join(f"{len(by[k])} {k}" for k in by)]
+    lines = [f"without {patch}: pytest {run.exit_status()}; " + ", ".join(f"{len(by[k])} {k}" for k in by)]
     lines += [f"  {g.describe()}" for g in guards]
     for g in by[CRASHED]:
         if g.rerun and g.run is not None:
             lines.append(f"crashed guard {g.nodeid}: its process {g.run.exit_status()}\n{g.run.tails(1500)}")
     if not selected_known and run.died:
-        lines.append("the run died before its guards were collected (a crash at import time?): "
-                     "nothing could be rerun")
+        lines.append("the run died before its guards were collected (a crash at import time?): nothing could be rerun")
     lines.append(f"the patch's run:\n{run.tails()}")
     report = "\n".join(lines)
 
     if by[PASSED]:
-        return Verdict(False, (f"these tests did not fail on a build without {patch}, so they do not "
-                               f"guard it: {[g.nodeid for g in by[PASSED]]}\n{report}"), guards)
+        return Verdict(
+            False,
+            (
+                f"these tests did not fail on a build without {patch}, so they do not "
+                f"guard it: {[g.nodeid for g in by[PASSED]]}\n{report}"
+            ),
+            guards,
+        )
     if by[FAILED]:
-        note = (f" (crashed guards prove nothing: {[g.nodeid for g in by[CRASHED]]})"
-                if by[CRASHED] else "")
-        return Verdict(True, f"{patch} is needed: {len(by[FAILED])} guard(s) failed without it{note}\n{report}",
-                       guards)
+        note = f" (crashed guards prove nothing: {[g.nodeid for g in by[CRASHED]]})" if by[CRASHED] else ""
+        return Verdict(True, f"{patch} is needed: {len(by[FAILED])} guard(s) failed without it{note}\n{report}", guards)
     if by[CRASHED] or run.died:
-        return Verdict(False, (f"no guard of {patch} failed by assertion or error on a build without it; "
-                               f"{len(by[CRASHED])} crashed, and a crash is no proof (it may not come "
-                               f"from the patch)\n{report}"), guards)
-    return Verdict(False, (f"no test here guards {patch}: mark one with "
-                           f"@pytest.mark.needs_patch({number!r})\n{report}"), guards)
+        return Verdict(
+            False,
+            (
+                f"no guard of {patch} failed by assertion or error on a build without it; "
+                f"{len(by[CRASHED])} crashed, and a crash is no proof (it may not come "
+                f"from the patch)\n{report}"
+            ),
+            guards,
+        )
+    return Verdict(
+        False, (f"no test here guards {patch}: mark one with @pytest.mark.needs_patch({number!r})\n{report}"), guards
+    )
 
 
 def run_pytest(args: list[str], cwd: Path, env: dict[str, str] | None, timeout_s: float = TIMEOUT_S) -> Run:
     try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-                                cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired as exc:
+
         def text(out):
             return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
         return Run(None, text(exc.stdout), text(exc.stderr), timeout_s=timeout_s)
     return Run(result.returncode, result.stdout, result.stderr)
 
 
 def run_guards(
-    paths: list[str], rootdir: Path, number: str, workdir: Path, env: dict[str, str] | None,
-    extra_args: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S,
+    paths: list[str],
+    rootdir: Path,
+    number: str,
+    workdir: Path,
+    env: dict[str, str] | None,
+    extra_args: tuple[str, ...] = (),
+    timeout_s: float = TIMEOUT_S,
 ):
     """Run the tests marked needs_patch(number) under paths in one pytest process;
     if it died, rerun each guard it gave no outcome for in its own process.
@@ -222,15 +244,27 @@ def run_guards(
     (None if the run died before that), reruns {node id: (Run, outcomes)}."""
     junit = workdir / "junit.xml"
     selected_file = workdir / "selected.txt"
-    run = run_pytest([*paths, "--needs-patch", number, f"--needs-patch-selected={selected_file}",
-                      f"--junitxml={junit}", *extra_args], workdir, env, timeout_s)
+    run = run_pytest(
+        [
+            *paths,
+            "--needs-patch",
+            number,
+            f"--needs-patch-selected={selected_file}",
+            f"--junitxml={junit}",
+            *extra_args,
+        ],
+        workdir,
+        env,
+        timeout_s,
+    )
     outcomes = read_junit(junit)
     # Written at collection, before any test runs: known even if the run crashed.
     selected = selected_file.read_text().splitlines() if selected_file.exists() else None
     reruns = {}
     for i, nodeid in enumerate(guards_to_rerun(run, outcomes, selected)):
         own_junit = workdir / f"junit-guard-{i}.xml"
-        own = run_pytest([f"{rootdir}/{nodeid}", "--needs-patch", number, f"--junitxml={own_junit}"],
-                         workdir, env, timeout_s)
+        own = run_pytest(
+            [f"{rootdir}/{nodeid}", "--needs-patch", number, f"--junitxml={own_junit}"], workdir, env, timeout_s
+        )
         reruns[nodeid] = (own, read_junit(own_junit))
     return run, outcomes, selected, reruns

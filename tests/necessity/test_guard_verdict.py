@@ -11,8 +11,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guard_verdict import (  # noqa: E402
-    CRASHED, FAILED, PASSED, SKIPPED, Run, classify, guards_to_rerun, read_junit, run_guards, verdict,
+from guard_verdict import (
+    CRASHED,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    Run,
+    classify,
+    guards_to_rerun,
+    read_junit,
+    run_guards,
+    verdict,
 )
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -118,15 +127,18 @@ def test_timeout_is_a_crash():
 def test_read_junit_prefers_the_nodeid_property(tmp_path):
     junit = tmp_path / "junit.xml"
     junit.write_text(
-        '<testsuites><testsuite>'
+        "<testsuites><testsuite>"
         '<testcase classname="tests.kernels.test_k" name="test_a[x]">'
         f'<properties><property name="nodeid" value="{A}"/></properties><failure message="m"/></testcase>'
         '<testcase classname="tests.kernels.test_k" name="test_b"><skipped/></testcase>'
         '<testcase classname="tests.kernels.test_k" name="test_c"/>'
-        '</testsuite></testsuites>'
+        "</testsuite></testsuites>"
     )
-    assert read_junit(junit) == {A: FAILED, "tests.kernels.test_k::test_b": SKIPPED,
-                                 "tests.kernels.test_k::test_c": PASSED}
+    assert read_junit(junit) == {
+        A: FAILED,
+        "tests.kernels.test_k::test_b": SKIPPED,
+        "tests.kernels.test_k::test_c": PASSED,
+    }
     assert read_junit(tmp_path / "missing.xml") == {}
     (tmp_path / "cut.xml").write_text("<testsuites><testsuite><testcase")
     assert read_junit(tmp_path / "cut.xml") == {}
@@ -169,11 +181,15 @@ CRASHING_MODULE = """
 
 def test_run_guards_reruns_each_guard_after_a_real_crash(tmp_path):
     root = _synthetic_tree(tmp_path, CRASHING_MODULE)
-    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
-                                                 timeout_s=120)
+    run, outcomes, selected, reruns = run_guards(
+        [str(root / "tests")], root, "0042", tmp_path / "work", None, timeout_s=120
+    )
     assert run.signal_name == "SIGILL", run.tails()
-    names = ["tests/test_guards.py::test_fails", "tests/test_guards.py::test_crashes",
-             "tests/test_guards.py::test_skips"]
+    names = [
+        "tests/test_guards.py::test_fails",
+        "tests/test_guards.py::test_crashes",
+        "tests/test_guards.py::test_skips",
+    ]
     assert selected == names
     assert sorted(reruns) == sorted(n for n in names if n not in outcomes)
     guards = classify(selected, run, outcomes, reruns)
@@ -187,19 +203,26 @@ def test_run_guards_reruns_each_guard_after_a_real_crash(tmp_path):
 
 
 def test_run_guards_all_crashed_fails(tmp_path):
-    root = _synthetic_tree(tmp_path, CRASHING_MODULE.replace('"0042")\n    def test_fails', '"0043")\n    def test_fails'))
-    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
-                                                 timeout_s=120)
+    root = _synthetic_tree(
+        tmp_path, CRASHING_MODULE.replace('"0042")\n    def test_fails', '"0043")\n    def test_fails')
+    )
+    run, outcomes, selected, reruns = run_guards(
+        [str(root / "tests")], root, "0042", tmp_path / "work", None, timeout_s=120
+    )
     v = verdict("0042-x.patch", "0042", run, classify(selected, run, outcomes, reruns))
     assert not v.ok and "a crash is no proof" in v.message and "SIGILL" in v.message
 
 
 def test_run_guards_normal_path_is_one_process(tmp_path):
     root = _synthetic_tree(tmp_path, CRASHING_MODULE.replace("os.kill(os.getpid(), signal.SIGILL)", "assert False"))
-    run, outcomes, selected, reruns = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None,
-                                                 timeout_s=120)
+    run, outcomes, selected, reruns = run_guards(
+        [str(root / "tests")], root, "0042", tmp_path / "work", None, timeout_s=120
+    )
     assert run.returncode == 1 and reruns == {}
-    assert outcomes == {"tests/test_guards.py::test_fails": FAILED, "tests/test_guards.py::test_crashes": FAILED,
-                        "tests/test_guards.py::test_skips": SKIPPED}
+    assert outcomes == {
+        "tests/test_guards.py::test_fails": FAILED,
+        "tests/test_guards.py::test_crashes": FAILED,
+        "tests/test_guards.py::test_skips": SKIPPED,
+    }
     v = verdict("0042-x.patch", "0042", run, classify(selected, run, outcomes, reruns))
     assert v.ok and "rc=1" in v.message

@@ -38,9 +38,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forkbuild import assemble, build_request, config, patching  # noqa: E402
 from guard_verdict import classify, run_guards, verdict  # noqa: E402
 from patch_guards import guard_files  # noqa: E402
+
+from forkbuild import assemble, build_request, config, patching  # noqa: E402
 
 CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
@@ -67,8 +68,11 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, reque
     # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
     excluded = (REPO / "tests" / "necessity", REPO / "tests" / "gpu")
     # Only the files with guards when this session collected the whole suite.
-    paths = [f for f in guard_files(request.config, patch.number) or ()
-             if not any(Path(f).is_relative_to(d) for d in excluded)]
+    paths = [
+        f
+        for f in guard_files(request.config, patch.number) or ()
+        if not any(Path(f).is_relative_to(d) for d in excluded)
+    ]
     if not paths:
         paths = [str(REPO / "tests")] + [arg for d in excluded for arg in ("--ignore", str(d))]
     run, outcomes, selected, reruns = run_guards(paths, REPO, patch.number, tmp_path, env)

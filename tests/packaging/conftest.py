@@ -9,10 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forkrepo import ForkRepo, REPO, fork_config, make_base_wheel  # noqa: E402
+import re
+import shutil
 
-import re  # noqa: E402
-import shutil  # noqa: E402
+from forkrepo import REPO, ForkRepo, fork_config, make_base_wheel
 
 
 @pytest.fixture
@@ -39,5 +39,3 @@ def fork_repo(tmp_path, monkeypatch) -> ForkRepo:
     for var in (fork_config.TARGET_ENV, fork_config.SKIP_PATCHES_ENV, fork_config.OFFLINE_ENV):
         monkeypatch.delenv(var, raising=False)
     return repo
-
-

@@ -23,9 +23,7 @@ from forkbuild import config as fork_config  # noqa: E402
 BASE_FILES = {
     "vllm/__init__.py": b'"""vLLM."""\nfrom ._version import __version__\n',
     "vllm/_version.py": b"__version__ = version = '0.21.0'\n",
-    "vllm/model_executor/models/qwen3_dflash.py": b"".join(
-        b"line %d\n" % i for i in range(1, 41)
-    ),
+    "vllm/model_executor/models/qwen3_dflash.py": b"".join(b"line %d\n" % i for i in range(1, 41)),
     "vllm/v1/spec_decode/llm_base_proposer.py": b"import numpy as np\n\narange = np.arange(8)\n",
     "vllm/_C.abi3.so": bytes(range(256)) * 64,
 }
@@ -39,8 +37,9 @@ def _record_line(name: str, data: bytes) -> str:
 def make_base_wheel(path: Path, target: fork_config.Target, files: dict[str, bytes] | None = None) -> Path:
     files = dict(BASE_FILES if files is None else files)
     dist_info = f"{target.dist.replace('-', '_')}-{target.version}.dist-info"
-    requires = "".join(f"Requires-Dist: {old}; platform_machine == \"x86_64\"\n"
-                       for old, _ in target.requires_dist_rewrite)
+    requires = "".join(
+        f'Requires-Dist: {old}; platform_machine == "x86_64"\n' for old, _ in target.requires_dist_rewrite
+    )
     files[f"{dist_info}/METADATA"] = (
         f"Metadata-Version: 2.4\nName: {target.dist}\nVersion: {target.version}\n"
         "Summary: A third party's rebuild\nAuthor-email: Someone Else <someone@example.com>\n"
@@ -81,9 +80,15 @@ class ForkRepo:
         (work / path).parent.mkdir(parents=True)
         (work / path).write_bytes(old)
         run_tool(self, "--help")  # the tool must at least start in this repo
-        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
-               "GIT_AUTHOR_DATE": "2026-12-02T00:00:00Z", "GIT_COMMITTER_DATE": "2026-12-02T00:00:00Z"}
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.invalid",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.invalid",
+            "GIT_AUTHOR_DATE": "2026-12-02T00:00:00Z",
+            "GIT_COMMITTER_DATE": "2026-12-02T00:00:00Z",
+        }
         git = ["git", "-C", str(work)]
         subprocess.run(git + ["init", "-q"], check=True, env=env)
         subprocess.run(git + ["add", "-A"], check=True, env=env)
@@ -94,7 +99,9 @@ class ForkRepo:
         subprocess.run(git + ["commit", "-qam", f"{subject}\n\nWhy it is needed.\n\n{fields}"], check=True, env=env)
         out = subprocess.run(
             git + ["format-patch", "--zero-commit", "--no-signature", "--full-index", "--stdout", "HEAD~1"],
-            check=True, capture_output=True, env=env,
+            check=True,
+            capture_output=True,
+            env=env,
         ).stdout
         (self.root / "patches" / f"{name}.patch").write_bytes(out)
         series = self.root / "patches" / "series"
@@ -104,7 +111,9 @@ class ForkRepo:
 def run_tool(repo: ForkRepo, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(repo.root / "tools" / "fork.py"), *args],
-        capture_output=True, text=True, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -127,6 +136,9 @@ def run_backend(repo: ForkRepo, hook: str, out: Path, env: dict | None = None) -
     """Call a PEP 517 hook of the copied repo through pyproject-hooks, as a frontend does."""
     out.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-c", _CALL_HOOK, hook, str(out)], cwd=repo.root, capture_output=True, text=True,
+        [sys.executable, "-c", _CALL_HOOK, hook, str(out)],
+        cwd=repo.root,
+        capture_output=True,
+        text=True,
         env={**os.environ, **(env or {})},
     )

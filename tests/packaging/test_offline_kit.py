@@ -22,7 +22,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from forkrepo import REPO, _record_line
 
 
@@ -34,17 +33,20 @@ def _load(name: str, path: Path):
 
 
 offline_kit = _load("offline_kit", REPO / "tools" / "offline_kit.py")
-PYTHON = "%d.%d" % sys.version_info[:2]
+PYTHON = "{}.{}".format(*sys.version_info[:2])
 
 
 def _wheel(folder: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
     dist_info = f"{name}-{version}.dist-info"
     contents = {path: text.encode() for path, text in files.items()}
-    contents[f"{dist_info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                         + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
+    contents[f"{dist_info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    ).encode()
     contents[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    contents[f"{dist_info}/RECORD"] = ("".join(_record_line(n, d) for n, d in contents.items())
-                                       + f"{dist_info}/RECORD,,\n").encode()
+    contents[f"{dist_info}/RECORD"] = (
+        "".join(_record_line(n, d) for n, d in contents.items()) + f"{dist_info}/RECORD,,\n"
+    ).encode()
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
         for member, data in contents.items():
@@ -56,20 +58,38 @@ def make_toy_kit(kit: Path, *, split: str = "", system_torch: bool = False, pyth
     """A kit as make_offline_kit.sh lays it out: a `vllm` whose fork.info runs, and its dependency."""
     wheels = kit / "wheels"
     wheels.mkdir(parents=True)
-    _wheel(wheels, "vllm", "0.21.0+cpu.dflashfp8.1", {
-        "vllm/__init__.py": "",
-        "vllm/fork/__init__.py": "",
-        "vllm/fork/info.py": "import kit_dependency\nprint('toy fork', kit_dependency.VALUE)\n",
-    }, requires=("kit-dependency==1.0",))
+    _wheel(
+        wheels,
+        "vllm",
+        "0.21.0+cpu.dflashfp8.1",
+        {
+            "vllm/__init__.py": "",
+            "vllm/fork/__init__.py": "",
+            "vllm/fork/info.py": "import kit_dependency\nprint('toy fork', kit_dependency.VALUE)\n",
+        },
+        requires=("kit-dependency==1.0",),
+    )
     _wheel(wheels, "kit_dependency", "1.0", {"kit_dependency.py": "VALUE = 42\n"})
     lines = offline_kit.write_lock(wheels, kit / "requirements.lock")
     with tarfile.open(kit / "src.tar", "w") as tar:
         tar.add(REPO / "tools" / "offline_kit.py", arcname="tools/offline_kit.py")
-    (kit / "kit.json").write_text(json.dumps({
-        "format": offline_kit.KIT_FORMAT, "target": "cpu", "fork_version": "0.21.0+cpu.dflashfp8.1",
-        "fork_wheel": "vllm-0.21.0+cpu.dflashfp8.1-py3-none-any.whl", "python": python, "platform": "linux_x86_64",
-        "torch": "2.11.0", "system_torch": system_torch, "left_to_the_system": [], "wheels": len(lines),
-        "src_files": 1}))
+    (kit / "kit.json").write_text(
+        json.dumps(
+            {
+                "format": offline_kit.KIT_FORMAT,
+                "target": "cpu",
+                "fork_version": "0.21.0+cpu.dflashfp8.1",
+                "fork_wheel": "vllm-0.21.0+cpu.dflashfp8.1-py3-none-any.whl",
+                "python": python,
+                "platform": "linux_x86_64",
+                "torch": "2.11.0",
+                "system_torch": system_torch,
+                "left_to_the_system": [],
+                "wheels": len(lines),
+                "src_files": 1,
+            }
+        )
+    )
     for name, source in offline_kit.INSTALLER_FILES.items():
         shutil.copy2(source, kit / name)
     if split:
@@ -84,8 +104,12 @@ def _no_network() -> list[str]:
 
 
 def install(kit: Path, venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*_no_network(), "bash", str(kit / "install.sh"), str(venv), "--python", sys.executable,
-                           *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*_no_network(), "bash", str(kit / "install.sh"), str(venv), "--python", sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_split_kit_installs_with_no_network_and_runs(tmp_path):
@@ -93,7 +117,13 @@ def test_split_kit_installs_with_no_network_and_runs(tmp_path):
     manifest = json.loads((kit / "MANIFEST.json").read_text())
     assert len(manifest["parts"]) >= 3
     assert all(p["size"] <= 2048 for p in manifest["parts"])
-    assert sorted(p.name for p in kit.iterdir()) == ["MANIFEST.json", "install.sh", "install_kit.py", "kit.json", "parts"]
+    assert sorted(p.name for p in kit.iterdir()) == [
+        "MANIFEST.json",
+        "install.sh",
+        "install_kit.py",
+        "kit.json",
+        "parts",
+    ]
     venv = tmp_path / "venv"
     result = install(kit, venv)
     assert result.returncode == 0, result.stderr
@@ -105,8 +135,9 @@ def test_split_kit_installs_with_no_network_and_runs(tmp_path):
 
 def test_unsplit_kit_checks_and_installs_into_an_existing_venv(tmp_path):
     kit = make_toy_kit(tmp_path / "kit")
-    check = subprocess.run(["bash", str(kit / "install.sh"), "--check", "--python", sys.executable],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        ["bash", str(kit / "install.sh"), "--check", "--python", sys.executable], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
     assert f"for Python {PYTHON}" in check.stdout and "2 wheels" in check.stdout
     venv = tmp_path / "venv"
@@ -185,25 +216,47 @@ def _report_item(name: str, requires: list[str], requested: bool = False, extras
 
 def test_system_torch_leaves_out_torch_and_what_only_torch_needs():
     items = [
-        _report_item("vllm", ["torch==2.11.0", "torchvision", "numpy", "fastapi[standard]",
-                              "six; python_version < '3'", "pandas; extra == 'bench'"], requested=True),
+        _report_item(
+            "vllm",
+            [
+                "torch==2.11.0",
+                "torchvision",
+                "numpy",
+                "fastapi[standard]",
+                "six; python_version < '3'",
+                "pandas; extra == 'bench'",
+            ],
+            requested=True,
+        ),
         _report_item("torch", ["numpy", "sympy", "nvidia-cublas; platform_system == 'Linux'", "triton"]),
         _report_item("torchvision", ["torch==2.11.0", "pillow"]),
         _report_item("fastapi", ["starlette", "uvicorn; extra == 'standard'"]),
-        *(_report_item(name, []) for name in ("numpy", "sympy", "nvidia-cublas", "triton", "pillow", "starlette",
-                                              "uvicorn", "six", "pandas")),
+        *(
+            _report_item(name, [])
+            for name in ("numpy", "sympy", "nvidia-cublas", "triton", "pillow", "starlette", "uvicorn", "six", "pandas")
+        ),
         _report_item("pytest", ["pluggy"], requested=True),
         _report_item("pluggy", []),
     ]
     kept, left_out = offline_kit.without_system_packages(items, ("torch",))
     assert sorted(i["metadata"]["name"] for i in kept) == [
-        "fastapi", "numpy", "pillow", "pluggy", "pytest", "starlette", "torchvision", "uvicorn", "vllm"]
+        "fastapi",
+        "numpy",
+        "pillow",
+        "pluggy",
+        "pytest",
+        "starlette",
+        "torchvision",
+        "uvicorn",
+        "vllm",
+    ]
     # six and pandas are in no kit walk (marker false, extra not asked): pip would not have resolved them.
     assert left_out == ["nvidia-cublas", "pandas", "six", "sympy", "torch", "triton"]
 
 
-@pytest.mark.parametrize("text, size", [("60M", 60 << 20), ("1G", 1 << 30), ("512k", 512 << 10), ("1000", 1000),
-                                        ("60MiB", 60 << 20)])
+@pytest.mark.parametrize(
+    "text, size", [("60M", 60 << 20), ("1G", 1 << 30), ("512k", 512 << 10), ("1000", 1000), ("60MiB", 60 << 20)]
+)
 def test_split_sizes(text, size):
     assert offline_kit.parse_size(text) == size
 
@@ -215,17 +268,25 @@ def test_a_bad_split_size_says_what_to_give(text):
 
 
 def _make(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "tools" / "make_offline_kit.sh"), *args], capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "PYENV_ROOT": "/nonexistent"})
+    return subprocess.run(
+        ["bash", str(REPO / "tools" / "make_offline_kit.sh"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYENV_ROOT": "/nonexistent"},
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "rocm", "OUT"], "unknown target 'rocm': use cuda or cpu"),
-    (["--python", "3.99", "OUT"], "no Python 3.99 here"),
-    ([], "say where the kit goes"),
-    (["--frobnicate", "OUT"], "unknown option --frobnicate"),
-    (["--with-requirements", "no-such-file.txt", "OUT"], "no requirement file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "rocm", "OUT"], "unknown target 'rocm': use cuda or cpu"),
+        (["--python", "3.99", "OUT"], "no Python 3.99 here"),
+        ([], "say where the kit goes"),
+        (["--frobnicate", "OUT"], "unknown option --frobnicate"),
+        (["--with-requirements", "no-such-file.txt", "OUT"], "no requirement file"),
+    ],
+)
 def test_make_offline_kit_refuses_bad_arguments(tmp_path, args, message):
     args = [str(tmp_path / a) if a == "OUT" else a for a in args]
     result = _make(*args)

@@ -6,14 +6,11 @@ from __future__ import annotations
 import shlex
 
 import pytest
-
+from fork_maintainer.patch_table import patch_table, readme_with_table
 from forkrepo import REPO
+from readme_blocks import bash_commands
 
-
-from fork_maintainer.patch_table import patch_table, readme_with_table  # noqa: E402
-
-from forkbuild import config, patching  # noqa: E402
-from readme_blocks import bash_commands  # noqa: E402
+from forkbuild import config, patching
 
 
 def test_readme_patch_table_matches_the_series():
@@ -29,7 +26,8 @@ def test_readme_shows_the_current_release_as_the_version():
     readme = (REPO / "README.md").read_text()
     line = next(line for line in readme.splitlines() if line.startswith("vllm --version"))
     assert f"0.21.0+cpu.dflashfp8.{release} / 0.21.0+dflashfp8.{release}" in line, (
-        f"README.md's `vllm --version` example is not release {release}: {line}")
+        f"README.md's `vllm --version` example is not release {release}: {line}"
+    )
 
 
 @pytest.mark.installed_fork
@@ -42,7 +40,7 @@ def test_readme_vllm_serve_commands_parse_with_vllms_own_parser():
     assert len(serve) >= 2, serve
     for command in serve:
         words = shlex.split(command)
-        argv = words[words.index("serve") + 1:]
+        argv = words[words.index("serve") + 1 :]
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         validate_parsed_serve_args(args)
         spec = args.speculative_config
@@ -89,8 +87,9 @@ def test_every_readme_command_is_exercised_somewhere():
     (file, and function where named) exists."""
     unmapped, missing = [], []
     for command in bash_commands():
-        where = next((v for k, v in sorted(README_COMMANDS.items(), key=lambda kv: -len(kv[0]))
-                      if command.startswith(k)), None)
+        where = next(
+            (v for k, v in sorted(README_COMMANDS.items(), key=lambda kv: -len(kv[0])) if command.startswith(k)), None
+        )
         if where is None:
             unmapped.append(command)
             continue

@@ -15,7 +15,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from forkrepo import REPO
 
 from forkbuild import assemble, build_request, config, patching
@@ -26,8 +25,13 @@ SERIES = patching.read_series(CFG.patches_dir)
 
 
 def _installed_vllm_dir() -> Path:
-    spec = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__file__)"],
-                          cwd=REPO, capture_output=True, text=True, check=True)
+    spec = subprocess.run(
+        [sys.executable, "-c", "import vllm; print(vllm.__file__)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(spec.stdout.strip()).parent
 
 
@@ -38,8 +42,11 @@ def test_installed_fork_is_this_checkout():
     except importlib.metadata.PackageNotFoundError:
         pytest.fail("no `vllm` distribution installed: run the suite through tools/run_tests.sh")
     assert version == CFG.fork_version(CFG.targets["cpu"])
-    info = json.loads(subprocess.run([sys.executable, "-m", "vllm.fork.info", "--json"], cwd=REPO,
-                                     capture_output=True, text=True, check=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "vllm.fork.info", "--json"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert info["fork_version"] == version
     assert [(p["name"], p["sha256"]) for p in info["patches"]] == [(p.name, p.sha256) for p in SERIES], (
         "the installed wheel was built from other patches; rerun tools/run_tests.sh"
@@ -57,8 +64,9 @@ def test_repo_overlay_never_shadows_the_installed_package():
 
 @pytest.mark.installed_fork
 def test_vllm_cli_reports_the_fork_version():
-    result = subprocess.run([str(Path(sys.executable).parent / "vllm"), "--version"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "vllm"), "--version"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert CFG.fork_version(CFG.targets["cpu"]) in result.stdout
 
@@ -80,14 +88,14 @@ def _b64(data: bytes) -> str:
 def test_cuda_wheel_contents_and_metadata(tmp_path):
     target = CFG.targets["cuda"]
     wheel = assemble.build_wheel(build_request.resolve(REPO, target.name), tmp_path)
-    assert wheel.name == "vllm-0.21.0+dflashfp8.%d-cp38-abi3-manylinux_2_24_x86_64.whl" % CFG.release
+    assert wheel.name == f"vllm-0.21.0+dflashfp8.{CFG.release}-cp38-abi3-manylinux_2_24_x86_64.whl"
     with zipfile.ZipFile(wheel) as zf, zipfile.ZipFile(find_base_wheel(target)) as base:
         dist = f"vllm-{CFG.fork_version(target)}.dist-info"
         metadata = zf.read(f"{dist}/METADATA").decode()
         assert "Name: vllm\n" in metadata and "cpu" not in CFG.fork_version(target)
         base_meta = base.read("vllm-0.21.0.dist-info/METADATA").decode()
-        assert [l for l in metadata.splitlines() if l.startswith("Requires-Dist")] == [
-            l for l in base_meta.splitlines() if l.startswith("Requires-Dist")
+        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
+            line for line in base_meta.splitlines() if line.startswith("Requires-Dist")
         ]
         rows = {row[0]: row for row in csv.reader(io.StringIO(zf.read(f"{dist}/RECORD").decode()))}
         assert set(rows) == set(zf.namelist())
@@ -114,8 +122,11 @@ def test_series_round_trips_through_the_maintainer_tool(tmp_path):
     overlay_out = tmp_path / "overlay"
     overlay_out.mkdir()
     subprocess.run(tool + ["unpack", str(tree), "--target", "cpu"], check=True, capture_output=True)
-    subprocess.run(tool + ["export", str(tree), "--to", str(out), "--overlay-to", str(overlay_out)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        tool + ["export", str(tree), "--to", str(out), "--overlay-to", str(overlay_out)],
+        check=True,
+        capture_output=True,
+    )
     for path in list(CFG.patches_dir.glob("*.patch")) + [CFG.patches_dir / "series"]:
         assert (out / path.name).read_bytes() == path.read_bytes(), f"{path.name} does not round-trip"
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -143,8 +154,12 @@ def test_series_round_trips_through_the_maintainer_tool(tmp_path):
 def test_dflash_fix_is_reported_as_in_upstream_022():
     if os.environ.get(config.OFFLINE_ENV):
         pytest.skip("offline: needs the vllm 0.22.0 sdist from the index")
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "fork.py"), "check", "--against", "0.22.0"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "fork.py"), "check", "--against", "0.22.0"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     print(result.stdout)
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:] if line.strip()}
     first = SERIES[0]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from forkrepo import REPO
 
 # What tools/install_fork.sh builds the wheel and its installation from.
@@ -18,11 +17,19 @@ BUILD_INPUTS = ("pyproject.toml", "setup.py", "forkbuild", "patches", "vllm", "t
 
 
 def test_serve_help_lists_the_arguments_and_environment():
-    result = subprocess.run(["bash", str(REPO / "tools" / "serve.sh"), "--help"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["bash", str(REPO / "tools" / "serve.sh"), "--help"], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stderr
-    for word in ("TARGET DRAFT", "PORT", "NUM_SPEC_TOKENS", "VLLM_FORK_TARGET", "VLLM_CPU_KVCACHE_SPACE",
-                 "VLLM_FORK_REINSTALL", "The Zen of Python"):
+    for word in (
+        "TARGET DRAFT",
+        "PORT",
+        "NUM_SPEC_TOKENS",
+        "VLLM_FORK_TARGET",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_FORK_REINSTALL",
+        "The Zen of Python",
+    ):
         assert word in result.stdout, (word, result.stdout)
     assert "==>" not in result.stdout  # nothing was installed or started
 
@@ -60,8 +67,7 @@ def test_install_is_kept_while_nothing_changed_and_redone_after_a_change(tmp_pat
     assert no_reqs.returncode == 0 and "up to date" in no_reqs.stderr, no_reqs.stderr
     other = tmp_path / "other-requirements.txt"
     other.write_text("six\n")
-    more = subprocess.run([*command[:3], str(other)], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=120)
+    more = subprocess.run([*command[:3], str(other)], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert more.returncode == 3, more.stderr
 
     series = repo / "patches" / "series"

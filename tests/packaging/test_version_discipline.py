@@ -6,12 +6,10 @@ who upgrade would silently keep the old patches.
 
 from __future__ import annotations
 
-
+from fork_maintainer.release_lock import LOCK_FILE, content_digest, read_lock
 from forkrepo import REPO
 
-from fork_maintainer.release_lock import LOCK_FILE, content_digest, read_lock  # noqa: E402
-
-from forkbuild import config  # noqa: E402
+from forkbuild import config
 
 
 def test_release_lock_matches_patches_and_overlay():

@@ -12,9 +12,8 @@ is trained on that target, so drafts are both accepted and rejected.
 
 from __future__ import annotations
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 import serve_workload as workload
 from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 
@@ -31,13 +30,24 @@ def references(trained_pair, load_jobs):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, _ = trained_pair
-    llm = e2e.start_llm(("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE),
-                        model=target, dtype=workload.MODEL_DTYPE, kv_cache_dtype=workload.KV_DTYPE,
-                        max_model_len=workload.MAX_MODEL_LEN)
+    llm = e2e.start_llm(
+        ("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE),
+        model=target,
+        dtype=workload.MODEL_DTYPE,
+        kv_cache_dtype=workload.KV_DTYPE,
+        max_model_len=workload.MAX_MODEL_LEN,
+    )
     try:
         refs = workload.reference_outputs(
-            llm, [*load_jobs, workload.FOLLOW_UP, *workload.BOUNDARY_JOBS, *workload.SHUTDOWN_JOBS,
-                  *workload.ABANDONED_JOBS])
+            llm,
+            [
+                *load_jobs,
+                workload.FOLLOW_UP,
+                *workload.BOUNDARY_JOBS,
+                *workload.SHUTDOWN_JOBS,
+                *workload.ABANDONED_JOBS,
+            ],
+        )
     finally:
         e2e.shutdown_llm()
     return refs
@@ -46,8 +56,12 @@ def references(trained_pair, load_jobs):
 @pytest.fixture(scope="session")
 def server(trained_pair, tmp_path_factory):
     target, draft = trained_pair
-    srv = VllmServer(target, workload.server_args(e2e.dflash_spec_config(draft)),
-                     tmp_path_factory.mktemp("serve-load") / "server.log", env=workload.SERVER_ENV)
+    srv = VllmServer(
+        target,
+        workload.server_args(e2e.dflash_spec_config(draft)),
+        tmp_path_factory.mktemp("serve-load") / "server.log",
+        env=workload.SERVER_ENV,
+    )
     try:
         srv.start()
     except (ServerExited, TimeoutError) as e:

@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-
 import serve_workload as workload
 
 
@@ -24,20 +23,22 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     """Run abandoned ``jobs`` next to ``healthy`` ones; return the outcomes
     of both after checking the engine let go of every abandoned request."""
     before = srv.metrics()
-    outs, wall = workload.run_jobs(srv.base, srv.model, [*jobs, *healthy],
-                             concurrency=len(jobs) + len(healthy), **run_kw)
+    outs, wall = workload.run_jobs(
+        srv.base, srv.model, [*jobs, *healthy], concurrency=len(jobs) + len(healthy), **run_kw
+    )
     after = workload.wait_idle(srv)
     abandoned = {j.key for j in jobs}
     gone = [o for o in outs if o.job.key in abandoned and not o.ok]
     kept = [o for o in outs if o.job.key not in abandoned]
     healthy_report, bad = workload.check(kept, references)
     # What an abandoned client did get is the start of the reference output.
-    prefixes = workload.check_prefixes([o for o in outs if o.job.key in abandoned and o.token_ids],
-                                 references)
+    prefixes = workload.check_prefixes([o for o in outs if o.job.key in abandoned and o.token_ids], references)
     figures[scenario] = {
-        "abandoned_sent": len(jobs), "abandoned": len(gone),
+        "abandoned_sent": len(jobs),
+        "abandoned": len(gone),
         "abandoned_completed_anyway": len(jobs) - len(gone),
-        "healthy_sent": len(healthy), "healthy_completed": sum(o.ok for o in kept),
+        "healthy_sent": len(healthy),
+        "healthy_completed": sum(o.ok for o in kept),
         **{f"healthy_{k}": v for k, v in healthy_report.summary().items()},
         **{f"abandoned_prefix_{k}": v for k, v in prefixes.summary().items() if k != "rule"},
         "drafts_during": int(workload.delta(before, after, "vllm:spec_decode_num_drafts_total")),
@@ -55,15 +56,15 @@ def _abandon(srv, references, figures, scenario: str, jobs, healthy, **run_kw):
     return outs
 
 
-def test_clients_disconnecting_mid_stream_are_cancelled(live_server, load_jobs, references,
-                                                        figures):
+def test_clients_disconnecting_mid_stream_are_cancelled(live_server, load_jobs, references, figures):
     """Streaming clients (completions and chat) that drop the connection
     after a few chunks, while healthy requests share the batch."""
     srv = live_server
     streams = [j for j in workload.ABANDONED_JOBS if j.stream]
     disconnect = {j.key: 2 + i for i, j in enumerate(streams)}
-    outs = _abandon(srv, references, figures, "disconnect mid-stream", streams, load_jobs[:8],
-                    disconnect_after=disconnect)
+    outs = _abandon(
+        srv, references, figures, "disconnect mid-stream", streams, load_jobs[:8], disconnect_after=disconnect
+    )
     for o in outs:
         if o.job.key in disconnect:
             assert o.status == 200 and o.error == "client disconnected on purpose", (o.status, o.error)
@@ -85,24 +86,25 @@ def test_requests_abandoned_while_drafting_are_aborted(live_server, references, 
     workload.assert_still_serving(srv, references)
 
 
-@pytest.mark.parametrize("api, stream, prompt_len, max_tokens", [
-    ("completions", False, workload.MAX_MODEL_LEN, 1),  # at max_model_len: no room for a token
-    ("completions", True, workload.MAX_MODEL_LEN, 1),
-    ("completions", False, workload.MAX_MODEL_LEN + 44, 8),  # over
-    ("completions", False, workload.MAX_MODEL_LEN - 6, 7),  # prompt fits, prompt + max_tokens not
-    ("chat", False, workload.MAX_MODEL_LEN + 44, 4),
-    ("chat", True, workload.MAX_MODEL_LEN + 44, 4),
-])
-def test_prompt_at_or_over_max_model_len_is_refused(live_server, references, api, stream,
-                                                    prompt_len, max_tokens):
+@pytest.mark.parametrize(
+    "api, stream, prompt_len, max_tokens",
+    [
+        ("completions", False, workload.MAX_MODEL_LEN, 1),  # at max_model_len: no room for a token
+        ("completions", True, workload.MAX_MODEL_LEN, 1),
+        ("completions", False, workload.MAX_MODEL_LEN + 44, 8),  # over
+        ("completions", False, workload.MAX_MODEL_LEN - 6, 7),  # prompt fits, prompt + max_tokens not
+        ("chat", False, workload.MAX_MODEL_LEN + 44, 4),
+        ("chat", True, workload.MAX_MODEL_LEN + 44, 4),
+    ],
+)
+def test_prompt_at_or_over_max_model_len_is_refused(live_server, references, api, stream, prompt_len, max_tokens):
     srv = live_server
     body = {"model": srv.model, "max_tokens": max_tokens, "stream": stream}
     if api == "completions":
         body["prompt"] = [65] * prompt_len
     else:
         body["messages"] = [{"role": "user", "content": "a" * prompt_len}]
-    status, text = srv.post(f"/v1/{'completions' if api == 'completions' else 'chat/completions'}",
-                            body)
+    status, text = srv.post(f"/v1/{'completions' if api == 'completions' else 'chat/completions'}", body)
     assert status == 400, text[:500]
     err = _error(status, text)
     assert f"maximum context length is {workload.MAX_MODEL_LEN} tokens" in err["message"], err
@@ -113,18 +115,17 @@ def test_prompt_plus_max_tokens_equal_to_max_model_len_is_served(live_server, re
     """The last position a request may reach; DFlash drafts past it must
     not change what the target emits."""
     srv = live_server
-    outs, _ = workload.run_jobs(srv.base, srv.model, workload.BOUNDARY_JOBS,
-                                concurrency=len(workload.BOUNDARY_JOBS))
+    outs, _ = workload.run_jobs(srv.base, srv.model, workload.BOUNDARY_JOBS, concurrency=len(workload.BOUNDARY_JOBS))
     report, bad = workload.check(outs, references)
-    figures["at max_model_len"] = {"sent": len(outs), "completed": sum(o.ok for o in outs),
-                                   **report.summary()}
+    figures["at max_model_len"] = {"sent": len(outs), "completed": sum(o.ok for o in outs), **report.summary()}
     assert not bad, bad
     workload.assert_still_serving(srv, references)
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize("raw", [b'{"model": ', b"not json at all", b'{"max_tokens": 4,,}'],
-                         ids=["truncated", "not-json", "double-comma"])
+@pytest.mark.parametrize(
+    "raw", [b'{"model": ', b"not json at all", b'{"max_tokens": 4,,}'], ids=["truncated", "not-json", "double-comma"]
+)
 def test_malformed_json_is_a_400(live_server, references, path, raw):
     srv = live_server
     status, text = srv.post(path, raw)
@@ -150,8 +151,7 @@ def test_request_models_refuse_json_that_is_not_an_object(body):
 # The same through the real server. Patch 0008's proof of necessity uses the
 # test above (it fails without the patch just as surely, and needs no server).
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize("raw", [b"[1, 2]", b'"a prompt"', b"null", b"42"],
-                         ids=["array", "string", "null", "number"])
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"a prompt"', b"null", b"42"], ids=["array", "string", "null", "number"])
 def test_json_that_is_not_an_object_is_a_400(live_server, references, path, raw):
     srv = live_server
     status, text = srv.post(path, raw)
@@ -161,12 +161,14 @@ def test_json_that_is_not_an_object_is_a_400(live_server, references, path, raw)
 
 
 @pytest.mark.parametrize("max_tokens", [0, -1])
-@pytest.mark.parametrize("api, stream", [("completions", False), ("completions", True),
-                                         ("chat", False), ("chat", True)])
+@pytest.mark.parametrize(
+    "api, stream", [("completions", False), ("completions", True), ("chat", False), ("chat", True)]
+)
 def test_max_tokens_below_one_is_a_400(live_server, references, max_tokens, api, stream):
     srv = live_server
-    job = workload.Job("max-tokens", api, stream, prompt=tuple(b"hello"),
-                 messages=(("user", "hello"),), max_tokens=max_tokens)
+    job = workload.Job(
+        "max-tokens", api, stream, prompt=tuple(b"hello"), messages=(("user", "hello"),), max_tokens=max_tokens
+    )
     status, text = srv.post(job.path, job.body(srv.model))
     assert status == 400, text[:500]
     assert f"max_tokens must be at least 1, got {max_tokens}" in _error(status, text)["message"]
@@ -175,14 +177,13 @@ def test_max_tokens_below_one_is_a_400(live_server, references, max_tokens, api,
 
 # JSON as the server reads it allows NaN and Infinity literals (json.dumps
 # writes them); the server-free check is tests/engine/test_non_finite_sampling_parameters.py.
-@pytest.mark.parametrize("name, value", [("temperature", math.nan), ("temperature", math.inf),
-                                         ("repetition_penalty", math.nan)])
+@pytest.mark.parametrize(
+    "name, value", [("temperature", math.nan), ("temperature", math.inf), ("repetition_penalty", math.nan)]
+)
 @pytest.mark.parametrize("api, stream", [("completions", False), ("chat", True)])
-def test_non_finite_sampling_parameter_is_a_400(live_server, references, name, value, api,
-                                                stream):
+def test_non_finite_sampling_parameter_is_a_400(live_server, references, name, value, api, stream):
     srv = live_server
-    job = workload.Job("non-finite", api, stream, prompt=tuple(b"hello"),
-                 messages=(("user", "hello"),), max_tokens=4)
+    job = workload.Job("non-finite", api, stream, prompt=tuple(b"hello"), messages=(("user", "hello"),), max_tokens=4)
     status, text = srv.post(job.path, json.dumps({**job.body(srv.model), name: value}).encode())
     assert status == 400, text[:500]
     assert f"{name} must be a finite number" in _error(status, text)["message"]
@@ -192,8 +193,9 @@ def test_non_finite_sampling_parameter_is_a_400(live_server, references, name, v
 @pytest.mark.parametrize("api, stream", [("completions", False), ("chat", True)])
 def test_unknown_model_is_a_404(live_server, references, api, stream):
     srv = live_server
-    job = workload.Job("unknown-model", api, stream, prompt=tuple(b"hello"),
-                 messages=(("user", "hello"),), max_tokens=4)
+    job = workload.Job(
+        "unknown-model", api, stream, prompt=tuple(b"hello"), messages=(("user", "hello"),), max_tokens=4
+    )
     status, text = srv.post(job.path, job.body("no-such-model"))
     assert status == 404, text[:500]
     assert "The model `no-such-model` does not exist." in _error(status, text)["message"]

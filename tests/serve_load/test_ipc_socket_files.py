@@ -70,8 +70,10 @@ def run_endpoints(tmp_path):
 
     def run(base: Path, how: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "VLLM_RPC_BASE_PATH": str(base)}
-        return subprocess.run([sys.executable, str(script), how], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        return subprocess.run(
+            [sys.executable, str(script), how], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+
     return run
 
 
@@ -104,5 +106,4 @@ def test_files_of_a_killed_process_go_with_the_next_start(ipc_base, run_endpoint
     run = run_endpoints(ipc_base, "exit")
     assert run.returncode == 0, describe(run)
     left = everything_under(ipc_base)
-    assert not left, (f"left after a killed run ({after_kill}) and an orderly one: {left}\n"
-                      f"{describe(run)}")
+    assert not left, f"left after a killed run ({after_kill}) and an orderly one: {left}\n{describe(run)}"

@@ -6,8 +6,8 @@ token for token (float32: tests/support/lossless.py)."""
 
 from __future__ import annotations
 
-from draft_counts import DraftCounts
 import serve_workload as workload
+from draft_counts import DraftCounts
 
 
 def test_load_with_preemption_is_lossless(live_server, load_jobs, references, figures):
@@ -24,11 +24,16 @@ def test_load_with_preemption_is_lossless(live_server, load_jobs, references, fi
     lat = workload.latency_summary(outs)
     accepted = int(workload.delta(before, after, "vllm:spec_decode_num_accepted_tokens_total"))
     figures["load"] = {
-        "sent": len(load_jobs), "completed": len(outs) - len(failed), "failed": len(failed),
+        "sent": len(load_jobs),
+        "completed": len(outs) - len(failed),
+        "failed": len(failed),
         **report.summary(),
-        "concurrency": workload.LOAD_CONCURRENCY, "max_num_seqs": workload.MAX_NUM_SEQS,
-        "kv_blocks": workload.NUM_BLOCKS, "preemptions": int(preemptions),
-        "wall_s": round(wall, 2), "req_per_s": round(len(outs) / wall, 2),
+        "concurrency": workload.LOAD_CONCURRENCY,
+        "max_num_seqs": workload.MAX_NUM_SEQS,
+        "kv_blocks": workload.NUM_BLOCKS,
+        "preemptions": int(preemptions),
+        "wall_s": round(wall, 2),
+        "req_per_s": round(len(outs) / wall, 2),
         **{k: round(v, 3) for k, v in lat.items()},
         "accepted_tokens": accepted,
         "acceptance_length": round(DraftCounts.between(before, after).mean_acceptance_length, 3),
@@ -42,7 +47,8 @@ def test_load_with_preemption_is_lossless(live_server, load_jobs, references, fi
     assert finished == len(load_jobs), (finished, len(load_jobs))
     assert preemptions > 0, (
         f"no preemption with {workload.NUM_BLOCKS} KV blocks of {workload.BLOCK_SIZE} tokens: the load "
-        "did not put the KV cache under pressure")
+        "did not put the KV cache under pressure"
+    )
     assert workload.delta(before, after, "vllm:spec_decode_num_drafts_total") > 0, "no drafts were made"
     # The trained-prompt jobs (workload.load_jobs) get drafts accepted: the equality
     # above covers accepted tokens under preemption, not only rejections.

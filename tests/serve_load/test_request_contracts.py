@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 import serve_workload as workload
 from stepwise_outputs import final_output, generate_in_steps
 
@@ -37,6 +36,7 @@ MIN_CASES = 3
 def _stop_case(tokenizer, prompt: list[int], ref_ids: list[int]) -> dict | None:
     """The case's stop string (two printable reference tokens) and the
     response expected without speculation."""
+
     def printable(t: int) -> bool:
         return 33 <= t <= 126
 
@@ -56,8 +56,7 @@ def stop_cases(tokenizer, load_jobs, references):
         case = _stop_case(tokenizer, list(job.prompt), references[job.key]["token_ids"])
         if case is not None:
             cases.append({"job": job, "job_ref": references[job.key]["token_ids"], **case})
-    assert len(cases) >= MIN_CASES, (
-        f"only {len(cases)} trained-prompt references have a usable stop string")
+    assert len(cases) >= MIN_CASES, f"only {len(cases)} trained-prompt references have a usable stop string"
     return cases
 
 
@@ -82,19 +81,28 @@ def _choices(client, api: str, stream: bool, **kwargs) -> tuple[dict[int, dict],
     create = client.completions.create if api == "completions" else client.chat.completions.create
     extra = kwargs.pop("extra_body", {})
     kwargs["extra_body"] = {"ignore_eos": True, "return_token_ids": True, **extra}
-    responses = (create(stream=True, stream_options={"include_usage": True}, **kwargs) if stream
-                 else [create(**kwargs)])
+    responses = create(stream=True, stream_options={"include_usage": True}, **kwargs) if stream else [create(**kwargs)]
     choices: dict[int, dict] = {}
     usage = None
     for r in responses:
         if r.usage is not None:
             usage = r.usage.completion_tokens
         for c in r.choices:
-            got = choices.setdefault(c.index, {"text": "", "token_ids": [], "logprobs": None,
-                                               "chosen_logprobs": [], "finish_reason": None,
-                                               "stop_reason": None})
+            got = choices.setdefault(
+                c.index,
+                {
+                    "text": "",
+                    "token_ids": [],
+                    "logprobs": None,
+                    "chosen_logprobs": [],
+                    "finish_reason": None,
+                    "stop_reason": None,
+                },
+            )
             extra_fields = c.model_extra or {}
-            got["text"] += (c.text if api == "completions" else (c.delta.content if stream else c.message.content)) or ""
+            got["text"] += (
+                c.text if api == "completions" else (c.delta.content if stream else c.message.content)
+            ) or ""
             got["token_ids"] += list(extra_fields.get("token_ids") or [])
             if c.logprobs is not None:
                 if api == "completions":
@@ -120,32 +128,51 @@ def _expected(tokenizer, prompt_ids: list[int], ref_ids: list[int], **params) ->
     """The response without speculation: the reference tokens one per step."""
     from vllm.sampling_params import RequestOutputKind
 
-    want = final_output(generate_in_steps(tokenizer, prompt_ids, ref_ids, 1, RequestOutputKind.FINAL_ONLY,
-                                          **params))
-    return {"text": want["text"], "token_ids": want["token_ids"],
-            "finish_reason": want["finish_reason"], "stop_reason": want["stop_reason"]}
+    want = final_output(generate_in_steps(tokenizer, prompt_ids, ref_ids, 1, RequestOutputKind.FINAL_ONLY, **params))
+    return {
+        "text": want["text"],
+        "token_ids": want["token_ids"],
+        "finish_reason": want["finish_reason"],
+        "stop_reason": want["stop_reason"],
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_stop_string_ends_output_tokens_logprobs_and_usage_as_without_speculation(
-        live_server, stop_cases, client, stream, figures):
+    live_server, stop_cases, client, stream, figures
+):
     before = live_server.metrics()
     wrong = []
     for case in stop_cases:
-        choices, usage = _choices(client, "completions", stream, model=live_server.model,
-                                  prompt=list(case["job"].prompt), max_tokens=workload.LOAD_MAX_TOKENS,
-                                  temperature=0.0, stop=[case["stop"]], logprobs=1)
+        choices, usage = _choices(
+            client,
+            "completions",
+            stream,
+            model=live_server.model,
+            prompt=list(case["job"].prompt),
+            max_tokens=workload.LOAD_MAX_TOKENS,
+            temperature=0.0,
+            stop=[case["stop"]],
+            logprobs=1,
+        )
         got = {k: choices[0][k] for k in ("text", "token_ids", "finish_reason", "stop_reason")}
         got.update(logprobs=len(choices[0]["logprobs"] or []), completion_tokens=usage)
-        want = {"text": case["text"], "token_ids": case["token_ids"],
-                "logprobs": len(case["token_ids"]), "finish_reason": case["finish_reason"],
-                "stop_reason": case["stop_reason"], "completion_tokens": len(case["token_ids"])}
+        want = {
+            "text": case["text"],
+            "token_ids": case["token_ids"],
+            "logprobs": len(case["token_ids"]),
+            "finish_reason": case["finish_reason"],
+            "stop_reason": case["stop_reason"],
+            "completion_tokens": len(case["token_ids"]),
+        }
         if got != want:
-            wrong.append((case["job"].key, case["stop"],
-                          {k: (got[k], want[k]) for k in want if got[k] != want[k]}))
+            wrong.append((case["job"].key, case["stop"], {k: (got[k], want[k]) for k in want if got[k] != want[k]}))
     accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     figures[f"stop strings ({'stream' if stream else 'plain'})"] = {
-        "cases": len(stop_cases), "wrong": len(wrong), "accepted_draft_tokens": accepted}
+        "cases": len(stop_cases),
+        "wrong": len(wrong),
+        "accepted_draft_tokens": accepted,
+    }
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert not wrong, "(job, stop, {field: (got, want)}): " + repr(wrong)
 
@@ -155,8 +182,16 @@ TEMPERATURE = 0.9
 
 
 def _sampled_token_ids(client, model: str, prompt: list[int], seed: int | None) -> tuple[int, ...]:
-    choices, _usage = _choices(client, "completions", False, model=model, prompt=prompt,
-                               max_tokens=workload.LOAD_MAX_TOKENS, temperature=TEMPERATURE, seed=seed)
+    choices, _usage = _choices(
+        client,
+        "completions",
+        False,
+        model=model,
+        prompt=prompt,
+        max_tokens=workload.LOAD_MAX_TOKENS,
+        temperature=TEMPERATURE,
+        seed=seed,
+    )
     return tuple(choices[0]["token_ids"])
 
 
@@ -175,8 +210,11 @@ def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server
     seeded = alone + [ids for ids, s in zip(together, seeds) if s is not None]
     unseeded = [ids for ids, s in zip(together, seeds) if s is None]
     figures["seeded sampling"] = {
-        "seeded_requests": len(seeded), "distinct_seeded_outputs": len(set(seeded)),
-        "distinct_unseeded_outputs": len(set(unseeded)), "accepted_draft_tokens": accepted}
+        "seeded_requests": len(seeded),
+        "distinct_seeded_outputs": len(set(seeded)),
+        "distinct_unseeded_outputs": len(set(unseeded)),
+        "accepted_draft_tokens": accepted,
+    }
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert len(set(seeded)) == 1, f"seed {SEED} gave {len(set(seeded))} different outputs: {seeded}"
     # The request really samples: without a seed it does not repeat the seeded one.
@@ -189,8 +227,9 @@ MAX_TOKENS_CASES = range(1, e2e.NUM_SPEC_TOKENS + 3)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, trained_job, references,
-                                                              client, stream, figures):
+def test_max_tokens_around_one_step_returns_exactly_that_many(
+    live_server, trained_job, references, client, stream, figures
+):
     """max_tokens 1 .. k+2: exactly that many tokens, the target-only greedy
     prefix (float32: exact), finish_reason "length", usage to match."""
     job = trained_job
@@ -198,8 +237,15 @@ def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, train
     before = live_server.metrics()
     wrong = []
     for max_tokens in MAX_TOKENS_CASES:
-        choices, usage = _choices(client, "completions", stream, model=live_server.model,
-                                  prompt=list(job.prompt), max_tokens=max_tokens, temperature=0.0)
+        choices, usage = _choices(
+            client,
+            "completions",
+            stream,
+            model=live_server.model,
+            prompt=list(job.prompt),
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
         ids, finish = choices[0]["token_ids"], choices[0]["finish_reason"]
         got = (ids, finish, usage)
         want = (ref[:max_tokens], "length", max_tokens)
@@ -207,14 +253,18 @@ def test_max_tokens_around_one_step_returns_exactly_that_many(live_server, train
             wrong.append((max_tokens, got, want))
     accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     figures[f"max_tokens 1..{MAX_TOKENS_CASES[-1]} ({'stream' if stream else 'plain'})"] = {
-        "cases": len(MAX_TOKENS_CASES), "wrong": len(wrong), "accepted_draft_tokens": accepted}
+        "cases": len(MAX_TOKENS_CASES),
+        "wrong": len(wrong),
+        "accepted_draft_tokens": accepted,
+    }
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert not wrong, "(max_tokens, (ids, finish_reason, completion_tokens) got, want): " + repr(wrong)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_chat_stop_string_ends_the_message_as_without_speculation(live_server, load_jobs, references,
-                                                                  tokenizer, client, stream, figures):
+def test_chat_stop_string_ends_the_message_as_without_speculation(
+    live_server, load_jobs, references, tokenizer, client, stream, figures
+):
     cases = []
     for job in load_jobs:
         if job.api != "chat":
@@ -227,8 +277,16 @@ def test_chat_stop_string_ends_the_message_as_without_speculation(live_server, l
     wrong = []
     for job, case in cases:
         messages = [{"role": r, "content": c} for r, c in job.messages]
-        choices, usage = _choices(client, "chat", stream, model=live_server.model, messages=messages,
-                                  max_tokens=job.max_tokens, temperature=0.0, stop=[case["stop"]])
+        choices, usage = _choices(
+            client,
+            "chat",
+            stream,
+            model=live_server.model,
+            messages=messages,
+            max_tokens=job.max_tokens,
+            temperature=0.0,
+            stop=[case["stop"]],
+        )
         got = {k: choices[0][k] for k in ("text", "token_ids", "finish_reason", "stop_reason")}
         want = {k: case[k] for k in ("text", "token_ids", "finish_reason", "stop_reason")}
         got["completion_tokens"], want["completion_tokens"] = usage, len(case["token_ids"])
@@ -238,8 +296,9 @@ def test_chat_stop_string_ends_the_message_as_without_speculation(live_server, l
     assert not wrong, "(job, stop, {field: (got, want)}): " + repr(wrong)
 
 
-def test_min_tokens_holds_back_a_stop_string_as_without_speculation(live_server, stop_cases, tokenizer,
-                                                                    client, figures):
+def test_min_tokens_holds_back_a_stop_string_as_without_speculation(
+    live_server, stop_cases, tokenizer, client, figures
+):
     """min_tokens past the stop string's first occurrence: the output goes on
     to its next occurrence (or to max_tokens), exactly as without speculation."""
     wrong = []
@@ -248,9 +307,17 @@ def test_min_tokens_holds_back_a_stop_string_as_without_speculation(live_server,
         min_tokens = len(case["token_ids"]) + 1
         ref = list(case["job_ref"])
         want = _expected(tokenizer, list(job.prompt), ref, stop=[case["stop"]], min_tokens=min_tokens)
-        choices, usage = _choices(client, "completions", False, model=live_server.model,
-                                  prompt=list(job.prompt), max_tokens=len(ref), temperature=0.0,
-                                  stop=[case["stop"]], extra_body={"min_tokens": min_tokens})
+        choices, usage = _choices(
+            client,
+            "completions",
+            False,
+            model=live_server.model,
+            prompt=list(job.prompt),
+            max_tokens=len(ref),
+            temperature=0.0,
+            stop=[case["stop"]],
+            extra_body={"min_tokens": min_tokens},
+        )
         got = {k: choices[0][k] for k in want}
         if got != want or usage != len(want["token_ids"]):
             wrong.append((job.key, case["stop"], min_tokens, got, want, usage))
@@ -259,8 +326,7 @@ def test_min_tokens_holds_back_a_stop_string_as_without_speculation(live_server,
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, references, tokenizer, client,
-                                             stream, figures):
+def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, references, tokenizer, client, stream, figures):
     """logprobs=3, greedy: the target-only tokens, each with top logprobs
     none of which is above the chosen token's (tokens that decode to the same
     text share one entry of the API's dict, so it may hold fewer than 3).
@@ -273,13 +339,21 @@ def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, reference
     common = dict(model=live_server.model, prompt=list(job.prompt), max_tokens=job.max_tokens)
     before = live_server.metrics()
     greedy, greedy_usage = _choices(client, "completions", stream, temperature=0.0, logprobs=3, **common)
-    pairs = [_choices(client, "completions", stream, temperature=TEMPERATURE, seed=SEED, n=2, **common)
-             for _ in range(2)]
+    pairs = [
+        _choices(client, "completions", stream, temperature=TEMPERATURE, seed=SEED, n=2, **common) for _ in range(2)
+    ]
     prompt_text = tokenizer.decode(list(job.prompt))
     assert tokenizer(prompt_text)["input_ids"] == list(job.prompt), "the prompt's text does not round-trip"
     # With return_token_ids the frontend returns the prompt as prompt_token_ids, not as text.
-    echoed, _ = _choices(client, "completions", False, temperature=0.0, echo=True,
-                         extra_body={"return_token_ids": False}, **{**common, "prompt": prompt_text})
+    echoed, _ = _choices(
+        client,
+        "completions",
+        False,
+        temperature=0.0,
+        echo=True,
+        extra_body={"return_token_ids": False},
+        **{**common, "prompt": prompt_text},
+    )
     accepted = workload.delta(before, live_server.metrics(), "vllm:spec_decode_num_accepted_tokens_total")
     problems = []
     g = greedy[0]
@@ -287,8 +361,9 @@ def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, reference
         problems.append("logprobs=3: not the target-only output")
     tops, chosen = g["logprobs"] or [], g["chosen_logprobs"]
     if not (len(tops) == len(chosen) == len(ref["token_ids"])) or not all(tops):
-        problems.append(f"logprobs=3: {len(tops)} top entries and {len(chosen)} token logprobs "
-                        f"for {len(ref['token_ids'])} tokens")
+        problems.append(
+            f"logprobs=3: {len(tops)} top entries and {len(chosen)} token logprobs for {len(ref['token_ids'])} tokens"
+        )
     above = [pos for pos, (top, lp) in enumerate(zip(tops, chosen)) if max(top.values()) > lp + 1e-4]
     if above:
         problems.append(f"logprobs=3: a top logprob above the greedy token's at positions {above}")
@@ -302,6 +377,8 @@ def test_top_logprobs_n_and_echo_with_dflash(live_server, trained_job, reference
     if echoed[0]["text"] != want_echo:
         problems.append(f"echo: {echoed[0]['text']!r} != {want_echo!r}")
     figures[f"top_logprobs, n=2, echo ({'stream' if stream else 'plain'})"] = {
-        "problems": len(problems), "accepted_draft_tokens": accepted}
+        "problems": len(problems),
+        "accepted_draft_tokens": accepted,
+    }
     assert accepted > 0, "no draft token was accepted: these requests did not test DFlash"
     assert not problems, problems

@@ -73,17 +73,22 @@ def _request(request_id: str, n: int = 1):
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
-    params = SamplingParams(max_tokens=8, n=n, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA)
-    return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 2, 3],
-                             mm_features=None, sampling_params=params, pooling_params=None,
-                             arrival_time=time.time(), lora_request=None, cache_salt=None,
-                             data_parallel_rank=None)
+    params = SamplingParams(max_tokens=8, n=n, detokenize=False, output_kind=RequestOutputKind.DELTA)
+    return EngineCoreRequest(
+        request_id=request_id,
+        prompt_token_ids=[1, 2, 3],
+        mm_features=None,
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
 
 
 async def _collect(llm, request):
-    return [out async for out in llm.generate(request, request.sampling_params,
-                                              request.request_id)]
+    return [out async for out in llm.generate(request, request.sampling_params, request.request_id)]
 
 
 async def _request_sent_to_the_engine(llm, request_id: str) -> asyncio.Future:
@@ -110,8 +115,10 @@ def test_request_waiting_for_output_is_aborted_when_the_engine_shuts_down():
         task = await _request_sent_to_the_engine(llm, "waiting")
         await asyncio.get_running_loop().run_in_executor(None, _shutdown_from_another_thread, llm)
         done, _ = await asyncio.wait({task}, timeout=HANG_S)
-        assert done, (f"a request in flight at shutdown still waits for output {HANG_S:.0f} s "
-                      "later (its HTTP stream would keep `vllm serve` from exiting)")
+        assert done, (
+            f"a request in flight at shutdown still waits for output {HANG_S:.0f} s "
+            "later (its HTTP stream would keep `vllm serve` from exiting)"
+        )
         return task.result()
 
     outputs = asyncio.run(scenario())
@@ -139,8 +146,7 @@ def test_child_request_added_after_the_engine_shut_down_fails_at_once():
     async def scenario():
         task = asyncio.ensure_future(_collect(llm, _request("parallel", n=2)))
         done, _ = await asyncio.wait({task}, timeout=HANG_S)
-        assert done, (f"an n=2 request whose engine stopped between its children still "
-                      f"waits {HANG_S:.0f} s later")
+        assert done, f"an n=2 request whose engine stopped between its children still waits {HANG_S:.0f} s later"
         return task
 
     task = asyncio.run(scenario())

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import serve_workload as workload
 from vllm_server import shm_segments_of, unix_socket_files_of
 
@@ -33,9 +32,13 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     shm = shm_segments_of(tree)
     sockets = unix_socket_files_of(tree)
     outcomes: list = []
-    clients = threading.Thread(target=lambda: outcomes.extend(workload.run_jobs(
-        srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS),
-        timeout=120)[0]))
+    clients = threading.Thread(
+        target=lambda: outcomes.extend(
+            workload.run_jobs(
+                srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS), timeout=120
+            )[0]
+        )
+    )
     before = srv.metrics()
     clients.start()
     # SIGTERM while requests are decoding.
@@ -44,8 +47,7 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
         m = srv.metrics()
         # Any request decoding is enough: on 2 busy cores the /metrics poll can
         # miss the moment all MAX_NUM_SEQS run together.
-        if (m.get("vllm:num_requests_running", 0) >= 1
-                and workload.delta(before, m, "vllm:generation_tokens_total") > 0):
+        if m.get("vllm:num_requests_running", 0) >= 1 and workload.delta(before, m, "vllm:generation_tokens_total") > 0:
             break
         assert clients.is_alive(), "the load finished before SIGTERM could be sent"
         assert time.monotonic() < deadline, "the load never started decoding"
@@ -62,31 +64,40 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     report, bad = workload.check(completed, references)
     prefixes = workload.check_prefixes(cut, references)
     figures["sigterm under load"] = {
-        "sent": len(workload.SHUTDOWN_JOBS), "completed": len(completed),
-        "finish_reason_abort": len(cut), "errors": len(failed), "exit_code": code,
-        "exit_s": round(seconds, 2), "processes": len(tree), "shm_segments": len(shm),
-        "processes_left": len(leftovers), "shm_left": len(shm_left),
-        "ipc_socket_files": len(sockets), "ipc_socket_files_left": len(sockets_left),
+        "sent": len(workload.SHUTDOWN_JOBS),
+        "completed": len(completed),
+        "finish_reason_abort": len(cut),
+        "errors": len(failed),
+        "exit_code": code,
+        "exit_s": round(seconds, 2),
+        "processes": len(tree),
+        "shm_segments": len(shm),
+        "processes_left": len(leftovers),
+        "shm_left": len(shm_left),
+        "ipc_socket_files": len(sockets),
+        "ipc_socket_files_left": len(sockets_left),
         "temp_files_left": len(temp_left),
         **{f"completed_{k}": v for k, v in report.summary().items()},
         **{f"cut_prefix_{k}": v for k, v in prefixes.summary().items() if k != "rule"},
     }
     print(f"\n[serve-load] sigterm: {figures['sigterm under load']}")
-    assert not survivors, (f"still alive {SHUTDOWN_BOUND_S} s after SIGTERM: {survivors}\n"
-                           f"{srv.log_tail()}")
+    assert not survivors, f"still alive {SHUTDOWN_BOUND_S} s after SIGTERM: {survivors}\n{srv.log_tail()}"
     assert not leftovers, f"processes left behind: {leftovers}"
     assert not shm_left, f"shared memory left behind: {shm_left}"
     assert not sockets_left and not temp_left, (
-        f"left in the server's TMPDIR: {temp_left}; ipc socket files the server held that "
-        f"still exist: {sockets_left}")
+        f"left in the server's TMPDIR: {temp_left}; ipc socket files the server held that still exist: {sockets_left}"
+    )
     assert code == 0, f"exit code {code} after SIGTERM:\n{srv.log_tail()}"
     assert not clients.is_alive(), "a client still waits on the stopped server"
     assert len(outcomes) == len(workload.SHUTDOWN_JOBS)
     # Every request ends visibly: complete and equal to the reference, or
     # cut short with finish_reason "abort" (vLLM aborts in-flight requests
     # at shutdown) and a prefix of the reference, or an error.
-    unclear = [(o.job.key, "stream" if o.job.stream else "plain", len(o.token_ids), o.finish_reason)
-               for o in outcomes if o.ok and o.finish_reason not in ("length", "abort")]
+    unclear = [
+        (o.job.key, "stream" if o.job.stream else "plain", len(o.token_ids), o.finish_reason)
+        for o in outcomes
+        if o.ok and o.finish_reason not in ("length", "abort")
+    ]
     assert not unclear, f"responses neither complete nor cut (key, kind, tokens, finish_reason): {unclear}"
     assert not bad, bad[:10]
     assert prefixes.ok, prefixes.explain()
@@ -114,24 +125,35 @@ def test_stream_of_a_request_aborted_before_its_first_token_has_its_finish_reaso
     serving.enable_force_include_usage = False
     serving.enable_prompt_tokens_details = False
     serving.system_fingerprint = None
-    request = CompletionRequest(model="m", prompt="hello", max_tokens=8, stream=True,
-                                stream_options={"include_usage": True})
+    request = CompletionRequest(
+        model="m", prompt="hello", max_tokens=8, stream=True, stream_options={"include_usage": True}
+    )
     aborted = RequestOutput(
-        request_id="r", prompt="hello", prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
-        outputs=[CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None,
-                                  logprobs=None, finish_reason="abort")],
-        finished=True)
+        request_id="r",
+        prompt="hello",
+        prompt_token_ids=[1, 2, 3],
+        prompt_logprobs=None,
+        outputs=[
+            CompletionOutput(
+                index=0, text="", token_ids=[], cumulative_logprob=None, logprobs=None, finish_reason="abort"
+            )
+        ],
+        finished=True,
+    )
 
     async def engine_outputs():
         yield 0, aborted
 
     async def stream():
-        return [chunk async for chunk in serving.completion_stream_generator(
-            request, [None], engine_outputs(), "r", 0, "m", 1, None,
-            RequestResponseMetadata(request_id="r"))]
+        return [
+            chunk
+            async for chunk in serving.completion_stream_generator(
+                request, [None], engine_outputs(), "r", 0, "m", 1, None, RequestResponseMetadata(request_id="r")
+            )
+        ]
 
     chunks = asyncio.run(stream())
-    events = [json.loads(c[len("data: "):]) for c in chunks if c.startswith("data: {")]
+    events = [json.loads(c[len("data: ") :]) for c in chunks if c.startswith("data: {")]
     reasons = [choice.get("finish_reason") for e in events for choice in e.get("choices", [])]
     assert reasons == ["abort"], chunks
     assert chunks[-1] == "data: [DONE]\n\n", chunks

@@ -11,9 +11,8 @@ import json
 import shutil
 import subprocess
 
-import pytest
-
 import dflash_e2e as e2e
+import pytest
 import serve_workload as workload
 from vllm_server import VllmServer, vllm_dist_skip_reason
 
@@ -30,8 +29,7 @@ def _spec(draft: str, **override) -> str:
     return json.dumps({**e2e.dflash_spec_config(draft), **override})
 
 
-@pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft",
-                                  "target-as-draft"])
+@pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft", "target-as-draft"])
 def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pair, tmp_path, figures):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
@@ -40,13 +38,19 @@ def test_invalid_speculative_config_exits_with_a_clear_message(case, partial_pai
         "not-json": ('{"method": "dflash", "model": ', "argument --speculative-config"),
         "unknown-method": (_spec(draft, method="dflash2"), "'dflash'"),
         "negative-tokens": (_spec(draft, num_speculative_tokens=-1), "greater than 0"),
-        "missing-draft": (_spec(draft, model=str(tmp_path / "no-such-draft")),
-                          "Invalid repository ID or local directory"),
+        "missing-draft": (
+            _spec(draft, model=str(tmp_path / "no-such-draft")),
+            "Invalid repository ID or local directory",
+        ),
         # tests/engine/test_dflash_config_errors.py has the other DFlash config mistakes.
         "target-as-draft": (_spec(draft, model=target), "is not a DFlash drafter"),
     }[case]
-    srv = VllmServer(target, workload.server_args(None) + ["--speculative-config", spec],
-                     tmp_path / "server.log", env=workload.SERVER_ENV).spawn()
+    srv = VllmServer(
+        target,
+        workload.server_args(None) + ["--speculative-config", spec],
+        tmp_path / "server.log",
+        env=workload.SERVER_ENV,
+    ).spawn()
     code, leftovers, temp_left = _wait_for_exit(srv)
     log = srv.log_tail(20000)
     figures[f"invalid speculative config: {case}"] = {"exit_code": code, "temp_files_left": len(temp_left)}
@@ -68,8 +72,12 @@ def test_engine_start_up_failure_leaves_nothing_behind(partial_pair, tmp_path, f
     shutil.copytree(draft, broken)
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(weights.read_bytes()[:64])
-    srv = VllmServer(target, workload.server_args(e2e.dflash_spec_config(str(broken))),
-                     tmp_path / "server.log", env=workload.SERVER_ENV).spawn()
+    srv = VllmServer(
+        target,
+        workload.server_args(e2e.dflash_spec_config(str(broken))),
+        tmp_path / "server.log",
+        env=workload.SERVER_ENV,
+    ).spawn()
     code, leftovers, temp_left = _wait_for_exit(srv)
     log = srv.log_tail(20000)
     figures["engine start-up failure"] = {"exit_code": code, "temp_files_left": len(temp_left)}

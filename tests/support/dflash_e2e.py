@@ -118,8 +118,9 @@ def make_pair(name: str, acceptance: str, **kw) -> tuple[str, str]:
     import vllm.fork.tiny_pairs as tiny_pairs
 
     spec = json.dumps({"acceptance": acceptance, "seed": 0, **kw}, sort_keys=True, default=str)
-    return _cached_pair(name, [tiny_pairs.__file__], spec,
-                        lambda out: tiny_pairs.ensure_pair(out, acceptance, seed=0, **kw))
+    return _cached_pair(
+        name, [tiny_pairs.__file__], spec, lambda out: tiny_pairs.ensure_pair(out, acceptance, seed=0, **kw)
+    )
 
 
 def make_family_pair(family: str, *, fp8_weights: bool = False) -> tuple[str, str]:
@@ -129,10 +130,12 @@ def make_family_pair(family: str, *, fp8_weights: bool = False) -> tuple[str, st
     import vllm.fork.tiny_pairs as tiny_pairs
 
     name = f"family-{family}" + ("-fp8-weights" if fp8_weights else "")
-    return _cached_pair(name, [tiny_families.__file__, tiny_pairs.__file__],
-                        json.dumps({"family": family, "seed": 0, "fp8_weights": fp8_weights}),
-                        lambda out: tiny_families.ensure_family_pair(out, family, seed=0,
-                                                                     fp8_weights=fp8_weights))
+    return _cached_pair(
+        name,
+        [tiny_families.__file__, tiny_pairs.__file__],
+        json.dumps({"family": family, "seed": 0, "fp8_weights": fp8_weights}),
+        lambda out: tiny_families.ensure_family_pair(out, family, seed=0, fp8_weights=fp8_weights),
+    )
 
 
 def family_prompts() -> list:
@@ -150,7 +153,7 @@ def text_line_prompts(length: int = 40) -> list:
 
     ids = list(training_text().encode()) * 2
     starts = [0] + [i + 1 for i in range(len(ids) // 2 - 1) if ids[i] == ord("\n")]
-    return [{"prompt_token_ids": ids[s:s + length]} for s in starts]
+    return [{"prompt_token_ids": ids[s : s + length]} for s in starts]
 
 
 def shared_prefix_prompts() -> list:
@@ -163,8 +166,9 @@ def shared_prefix_prompts() -> list:
     return [{"prompt_token_ids": prefix + ids} for ids in (*trained_prompts()[:3], [ord("q")])]
 
 
-def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_tokens: int,
-                   prompts: list | None = None, **engine_args) -> dict:
+def family_outputs(
+    family: str, pair: tuple[str, str], *, dflash: bool, max_tokens: int, prompts: list | None = None, **engine_args
+) -> dict:
     """Greedy ids of a family pair's target (float32, fp8 KV cache) for
     ``prompts`` (default: family_prompts()), with its DFlash drafter or
     alone; with the drafter also its counters and KV state, and the engine
@@ -174,23 +178,33 @@ def family_outputs(family: str, pair: tuple[str, str], *, dflash: bool, max_toke
     target, draft = pair
     if dflash:
         engine_args["speculative_config"] = dflash_spec_config(draft)
-    llm = start_llm((f"family-{family}", "dflash" if dflash else "target"),
-                    model=target, dtype="float32", kv_cache_dtype="fp8", **serve_overrides(family),
-                    **engine_args)
+    llm = start_llm(
+        (f"family-{family}", "dflash" if dflash else "target"),
+        model=target,
+        dtype="float32",
+        kv_cache_dtype="fp8",
+        **serve_overrides(family),
+        **engine_args,
+    )
     ids, _ = generate_ids(llm, family_prompts() if prompts is None else prompts, max_tokens)
     if not dflash:
         shutdown_llm()
         return {"ids": ids}
-    return {"ids": ids, "metrics": spec_metrics(llm), "preemptions": engine_counter(llm, "vllm:num_preemptions"),
-            "state": llm.collective_rpc(worker_kv_state)[0]}
+    return {
+        "ids": ids,
+        "metrics": spec_metrics(llm),
+        "preemptions": engine_counter(llm, "vllm:num_preemptions"),
+        "state": llm.collective_rpc(worker_kv_state)[0],
+    }
 
 
 def _cached_pair(name: str, sources: list[str], spec: str, generate) -> tuple[str, str]:
     """``generate(dir)`` written into a temporary directory and renamed into
     place under a key of ``sources``, torch's version and ``spec``, so no
     process ever sees half a pair."""
-    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sources) + torch.__version__.encode()
-                            + spec.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        b"".join(Path(f).read_bytes() for f in sources) + torch.__version__.encode() + spec.encode()
+    ).hexdigest()[:16]
     root = _pair_cache_root()
     final = root / f"{name}-{digest}"
 
@@ -230,9 +244,19 @@ def start_dflash_fp8(name: str, pair: tuple[str, str]):
 
 def dflash_fp8_serve_args(draft_dir: str) -> list[str]:
     """`vllm serve` arguments for the cpu_e2e servers: bf16, DFlash, fp8 KV."""
-    return ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--seed", "0", "--kv-cache-dtype", "fp8",
-            "--speculative-config", json.dumps(dflash_spec_config(draft_dir))]
+    return [
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--kv-cache-dtype",
+        "fp8",
+        "--speculative-config",
+        json.dumps(dflash_spec_config(draft_dir)),
+    ]
 
 
 def dflash_spec_config(draft_dir: str, **extra) -> dict:
@@ -272,8 +296,10 @@ def generate_with_logprobs(llm, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, k
     outs = llm.generate(list(prompts), params, use_tqdm=False)
     ids = [list(o.outputs[0].token_ids) for o in outs]
     rows = [lossless.logprob_rows(o.outputs[0].logprobs) for o in outs]
-    print(f"[e2e] generated {sum(map(len, ids))} tokens (with logprobs) for {len(ids)} prompts "
-          f"in {time.monotonic() - t0:.2f} s")
+    print(
+        f"[e2e] generated {sum(map(len, ids))} tokens (with logprobs) for {len(ids)} prompts "
+        f"in {time.monotonic() - t0:.2f} s"
+    )
     return ids, rows
 
 
@@ -284,8 +310,13 @@ def near_tie_report(got: dict, want: dict):
     import lossless
 
     return lossless.compare_all(
-        [f"prompt {i}" for i in range(len(got["ids"]))], got["ids"], want["ids"],
-        dtype="bfloat16", got_logprobs=got["logprobs"], want_logprobs=want["logprobs"])
+        [f"prompt {i}" for i in range(len(got["ids"]))],
+        got["ids"],
+        want["ids"],
+        dtype="bfloat16",
+        got_logprobs=got["logprobs"],
+        want_logprobs=want["logprobs"],
+    )
 
 
 def start_trained_fp32(pair: tuple[str, str]):
@@ -416,6 +447,7 @@ def worker_repack_draft_linear_weights(worker) -> tuple[int, int]:
     layers the base had repacked already): on AVX-512/AMX CPUs the base's own
     dispatch may have done it to every layer, leaving nothing to change."""
     import torch.nn.functional as F
+
     from vllm.model_executor.layers.linear import LinearBase
 
     changed = already = 0

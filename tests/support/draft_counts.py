@@ -36,8 +36,7 @@ class DraftCounts:
     def between(cls, before: Mapping[str, float], after: Mapping[str, float]) -> DraftCounts:
         """What was counted from one metrics read to a later one."""
         start, end = cls.read(before), cls.read(after)
-        return cls(end.drafts - start.drafts, end.draft_tokens - start.draft_tokens,
-                   end.accepted - start.accepted)
+        return cls(end.drafts - start.drafts, end.draft_tokens - start.draft_tokens, end.accepted - start.accepted)
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -64,7 +64,7 @@ def run_case(case: dict) -> dict:
     kwargs = {"model": case.pop("target"), "speculative_config": spec, **case}
     try:
         llm = LLM(**kwargs)
-    except BaseException as e:  # noqa: BLE001 - recorded, not handled
+    except BaseException as e:
         traceback.print_exc()
         result = {"started": False, "chain": exception_chain(e)}
         del e

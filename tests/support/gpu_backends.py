@@ -14,7 +14,7 @@ Everything here also runs on a machine without a GPU when a
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -111,25 +111,33 @@ def working_backends(
         b
         for b in candidates
         if not validation_reasons(
-            b, head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+            b,
+            head_size=head_size,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             device_capability=device_capability,
         )
     ]
 
 
-def platform_valid_backends(kv_cache_dtype: str | None, *, head_size: int, dtype: torch.dtype,
-                            use_non_causal: bool) -> list[str]:
+def platform_valid_backends(
+    kv_cache_dtype: str | None, *, head_size: int, dtype: torch.dtype, use_non_causal: bool
+) -> list[str]:
     """What the CUDA platform's own selector finds valid, best first (the
     names a helpful error can offer). CUDA only."""
     from vllm.platforms import current_platform
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     cfg = AttentionSelectorConfig(
-        head_size=head_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=None,
+        head_size=head_size,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=None,
         use_non_causal=use_non_causal,
     )
     valid, _invalid = current_platform.get_valid_backends(
-        device_capability=current_platform.get_device_capability(), attn_selector_config=cfg,
+        device_capability=current_platform.get_device_capability(),
+        attn_selector_config=cfg,
     )
     # 0.21.0: [(backend, priority)]; later releases: objects with .backend/.priority.
     pairs = [(v[0], v[1]) if isinstance(v, tuple) else (v.backend, v.priority) for v in valid]
@@ -165,8 +173,10 @@ def runtime_gap(backend: str, kv_cache_dtype: str) -> str | None:
     try:
         mapping(kv_cache_dtype)
     except ValueError as e:
-        return (f"{backend} validates kv_cache_dtype={kv_cache_dtype} but has no kernel dtype for it "
-                f"(get_fp8_dtype_for_flashattn: {e})")
+        return (
+            f"{backend} validates kv_cache_dtype={kv_cache_dtype} but has no kernel dtype for it "
+            f"(get_fp8_dtype_for_flashattn: {e})"
+        )
     return None
 
 
@@ -179,7 +189,7 @@ def backend_names_in(message: str) -> list[str] | None:
     at = message.find(SUPPORTED_BACKENDS_TEXT)
     if at < 0:
         return None
-    rest = message[at + len(SUPPORTED_BACKENDS_TEXT):]
+    rest = message[at + len(SUPPORTED_BACKENDS_TEXT) :]
     rest = re.split(r"[\n;]|\.(?:\s|$)", rest, maxsplit=1)[0]
     known = set(AttentionBackendEnum.__members__)
     return [tok for tok in re.findall(r"[A-Z][A-Z0-9_]+", rest) if tok in known]
@@ -190,7 +200,6 @@ def format_table(table: dict[tuple[str, str], list[str]]) -> str:
     kvs = list(dict.fromkeys(kv for _, kv in table))
     lines = [f"{'backend':<12}" + "".join(f"{kv:>12}" for kv in kvs)]
     for b in backends:
-        lines.append(f"{b:<12}" + "".join(
-            f"{('ok' if not table[(b, kv)] else 'no'):>12}" for kv in kvs))
+        lines.append(f"{b:<12}" + "".join(f"{('ok' if not table[(b, kv)] else 'no'):>12}" for kv in kvs))
     reasons = sorted({f"{b}/{kv}: {', '.join(r)}" for (b, kv), r in table.items() if r})
     return "\n".join(lines + [""] + reasons)

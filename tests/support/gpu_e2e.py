@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import dflash_e2e as e2e
+import torch
 from draft_counts import DraftCounts
 
 CUDA_SKIP_REASON = (
@@ -79,8 +78,9 @@ def tiny_head_size() -> int:
     return tiny_pairs.HEAD_DIM
 
 
-def expected_blocks(pair_config: dict, kv_dtype: str, block_size: int,
-                    memory_bytes: int = KV_MEMORY_BYTES) -> tuple[int, int]:
+def expected_blocks(
+    pair_config: dict, kv_dtype: str, block_size: int, memory_bytes: int = KV_MEMORY_BYTES
+) -> tuple[int, int]:
     """(blocks, bytes per block over all attention layers) at ``memory_bytes``:
     every target and draft layer keeps K and V for ``block_size`` tokens."""
     elem = e2e.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
@@ -93,8 +93,9 @@ def expected_blocks(pair_config: dict, kv_dtype: str, block_size: int,
 
 def pair_config(pair: tuple[str, str]) -> dict:
     target, draft = pair
-    return {role: json.loads((Path(d) / "config.json").read_text())
-            for role, d in (("target", target), ("draft", draft))}
+    return {
+        role: json.loads((Path(d) / "config.json").read_text()) for role, d in (("target", target), ("draft", draft))
+    }
 
 
 def mean_acceptance(metrics: dict) -> tuple[float, float, float]:
@@ -130,8 +131,7 @@ class Matrix:
     def reference(self, kv_dtype: str, eager: bool) -> dict:
         def run():
             target, _ = self.partial_pair
-            llm = e2e.start_llm(("gpu-target", kv_dtype, eager), model=target,
-                                **self._engine_kw(kv_dtype, eager))
+            llm = e2e.start_llm(("gpu-target", kv_dtype, eager), model=target, **self._engine_kw(kv_dtype, eager))
             ids, logprobs = e2e.generate_with_logprobs(llm)
             state = llm.collective_rpc(e2e.worker_kv_state)[0]
             e2e.shutdown_llm()
@@ -145,7 +145,8 @@ class Matrix:
             target, draft = self.partial_pair
             t0 = time.monotonic()
             llm = e2e.start_llm(
-                ("gpu-dflash-partial", kv_dtype, backend, eager), model=target,
+                ("gpu-dflash-partial", kv_dtype, backend, eager),
+                model=target,
                 speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
                 **self._engine_kw(kv_dtype, eager),
             )
@@ -169,7 +170,8 @@ class Matrix:
         def run():
             target, draft = self.full_pair
             llm = e2e.start_llm(
-                ("gpu-dflash-full", kv_dtype, backend, eager), model=target,
+                ("gpu-dflash-full", kv_dtype, backend, eager),
+                model=target,
                 speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
                 **self._engine_kw(kv_dtype, eager),
             )
@@ -189,11 +191,16 @@ def run_start_errors(cases: list[dict], workdir: Path, timeout: float = 900) -> 
     log = workdir / "engine_start_errors.log"
     script = Path(__file__).resolve().parent / "engine_start_errors.py"
     with open(log, "w") as logf:
-        proc = subprocess.run([sys.executable, str(script), str(cases_path), str(results_path)],
-                              stdout=logf, stderr=subprocess.STDOUT, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, str(script), str(cases_path), str(results_path)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+        )
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     tail = log.read_text(errors="replace")[-3000:]
     for case in cases:
-        results.setdefault(case["id"], {"started": None, "chain": [],
-                                        "harness": f"exit {proc.returncode}; log tail:\n{tail}"})
+        results.setdefault(
+            case["id"], {"started": None, "chain": [], "harness": f"exit {proc.returncode}; log tail:\n{tail}"}
+        )
     return results

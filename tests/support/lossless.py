@@ -55,8 +55,7 @@ def logprob_rows(sample_logprobs) -> list[dict[int, float]] | None:
     ``{token id: Logprob}`` per position) as ``{token id: float}`` rows."""
     if sample_logprobs is None:
         return None
-    return [{int(t): float(getattr(lp, "logprob", lp)) for t, lp in pos.items()}
-            for pos in sample_logprobs]
+    return [{int(t): float(getattr(lp, "logprob", lp)) for t, lp in pos.items()} for pos in sample_logprobs]
 
 
 def first_difference(got: Sequence[int], want: Sequence[int]) -> int | None:
@@ -73,8 +72,9 @@ def mode_for(dtype: str) -> str:
         return "exact"
     if d in NEAR_TIE_DTYPES:
         return "near-tie"
-    raise ValueError(f"no lossless rule for model dtype {dtype!r}: "
-                     f"exact {sorted(EXACT_DTYPES)}, near-tie {sorted(NEAR_TIE_DTYPES)}")
+    raise ValueError(
+        f"no lossless rule for model dtype {dtype!r}: exact {sorted(EXACT_DTYPES)}, near-tie {sorted(NEAR_TIE_DTYPES)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,12 @@ class Parting:
         def fmt(m):
             return "n/a" if m is None else f"{m:.4f}"
 
-        return (f"{self.key}: parts at position {self.position}: got {self.got}, want "
-                f"{self.want}; margin in got's distribution {fmt(self.got_margin)}, in "
-                f"want's {fmt(self.want_margin)} ({'accepted' if self.accepted else 'FAILS'}: "
-                f"{self.why})")
+        return (
+            f"{self.key}: parts at position {self.position}: got {self.got}, want "
+            f"{self.want}; margin in got's distribution {fmt(self.got_margin)}, in "
+            f"want's {fmt(self.want_margin)} ({'accepted' if self.accepted else 'FAILS'}: "
+            f"{self.why})"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,25 +126,29 @@ class Verdict:
         return self.parting is None or self.parting.accepted
 
 
-def compare_exact(got: Sequence[int], want: Sequence[int], key: str = "",
-                  prefix: bool = False) -> Verdict:
+def compare_exact(got: Sequence[int], want: Sequence[int], key: str = "", prefix: bool = False) -> Verdict:
     """Every token equal (``prefix``: ``got`` is a prefix of ``want``, e.g.
     what a client received before it went away)."""
     got, want = list(got), list(want)
     if prefix:
-        want = want[:len(got)] if len(got) <= len(want) else want
+        want = want[: len(got)] if len(got) <= len(want) else want
     pos = first_difference(got, want)
     if pos is None:
         return Verdict(key, "exact", len(got))
     at = lambda s: s[pos] if pos < len(s) else None  # noqa: E731
-    why = ("lengths differ" if at(got) is None or at(want) is None else "token differs")
+    why = "lengths differ" if at(got) is None or at(want) is None else "token differs"
     why += f" ({len(got)} vs {len(want)} tokens; exact comparison: every token must be equal)"
     return Verdict(key, "exact", pos, Parting(key, pos, at(got), at(want), why=why))
 
 
-def compare_near_tie(got: Sequence[int], want: Sequence[int],
-                     got_logprobs: Sequence[Row] | None, want_logprobs: Sequence[Row] | None,
-                     key: str = "", threshold: float = MARGIN_THRESHOLD) -> Verdict:
+def compare_near_tie(
+    got: Sequence[int],
+    want: Sequence[int],
+    got_logprobs: Sequence[Row] | None,
+    want_logprobs: Sequence[Row] | None,
+    key: str = "",
+    threshold: float = MARGIN_THRESHOLD,
+) -> Verdict:
     """vLLM's top-k convention plus a margin (module docstring)."""
     got, want = list(got), list(want)
     pos = first_difference(got, want)
@@ -151,14 +157,22 @@ def compare_near_tie(got: Sequence[int], want: Sequence[int],
     if pos >= len(got) or pos >= len(want):
         a = got[pos] if pos < len(got) else None
         b = want[pos] if pos < len(want) else None
-        return Verdict(key, "near-tie", pos, Parting(
-            key, pos, a, b, why=f"lengths differ ({len(got)} vs {len(want)} tokens) with no parting"))
+        return Verdict(
+            key,
+            "near-tie",
+            pos,
+            Parting(key, pos, a, b, why=f"lengths differ ({len(got)} vs {len(want)} tokens) with no parting"),
+        )
     a, b = got[pos], want[pos]
     g = got_logprobs[pos] if got_logprobs is not None and pos < len(got_logprobs) else None
     w = want_logprobs[pos] if want_logprobs is not None and pos < len(want_logprobs) else None
     if g is None or w is None:
-        return Verdict(key, "near-tie", pos, Parting(
-            key, pos, a, b, why="no logprobs at the parting (request SamplingParams(logprobs=k))"))
+        return Verdict(
+            key,
+            "near-tie",
+            pos,
+            Parting(key, pos, a, b, why="no logprobs at the parting (request SamplingParams(logprobs=k))"),
+        )
     g_margin = g[a] - g[b] if a in g and b in g else None
     w_margin = w[b] - w[a] if a in w and b in w else None
     missing = []
@@ -167,22 +181,50 @@ def compare_near_tie(got: Sequence[int], want: Sequence[int],
     if a not in w:
         missing.append(f"got's token {a} is not in want's top-{len(w)}")
     if missing:
-        return Verdict(key, "near-tie", pos, Parting(key, pos, a, b, g_margin, w_margin,
-                                                      why="; ".join(missing)))
+        return Verdict(key, "near-tie", pos, Parting(key, pos, a, b, g_margin, w_margin, why="; ".join(missing)))
     margin = max(g_margin, w_margin)
     if margin > threshold:
-        return Verdict(key, "near-tie", pos, Parting(
-            key, pos, a, b, g_margin, w_margin,
-            why=f"clear margin {margin:.4f} > {threshold} nats: not a numerical near-tie"))
-    return Verdict(key, "near-tie", pos, Parting(
-        key, pos, a, b, g_margin, w_margin, accepted=True,
-        why=f"near-tie: margin {margin:.4f} <= {threshold} nats, each token in the other's top-k"))
+        return Verdict(
+            key,
+            "near-tie",
+            pos,
+            Parting(
+                key,
+                pos,
+                a,
+                b,
+                g_margin,
+                w_margin,
+                why=f"clear margin {margin:.4f} > {threshold} nats: not a numerical near-tie",
+            ),
+        )
+    return Verdict(
+        key,
+        "near-tie",
+        pos,
+        Parting(
+            key,
+            pos,
+            a,
+            b,
+            g_margin,
+            w_margin,
+            accepted=True,
+            why=f"near-tie: margin {margin:.4f} <= {threshold} nats, each token in the other's top-k",
+        ),
+    )
 
 
-def compare(got: Sequence[int], want: Sequence[int], *, dtype: str, key: str = "",
-            got_logprobs: Sequence[Row] | None = None,
-            want_logprobs: Sequence[Row] | None = None,
-            threshold: float = MARGIN_THRESHOLD) -> Verdict:
+def compare(
+    got: Sequence[int],
+    want: Sequence[int],
+    *,
+    dtype: str,
+    key: str = "",
+    got_logprobs: Sequence[Row] | None = None,
+    want_logprobs: Sequence[Row] | None = None,
+    threshold: float = MARGIN_THRESHOLD,
+) -> Verdict:
     """The rule for the engines' model ``dtype`` (exact in float32)."""
     if mode_for(dtype) == "exact":
         return compare_exact(got, want, key)
@@ -215,15 +257,21 @@ class Report:
             self.parted.append(verdict.parting)
         return verdict
 
-    def compare(self, key: str, got: Sequence[int], want: Sequence[int], *,
-                got_logprobs: Sequence[Row] | None = None,
-                want_logprobs: Sequence[Row] | None = None, prefix: bool = False) -> Verdict:
+    def compare(
+        self,
+        key: str,
+        got: Sequence[int],
+        want: Sequence[int],
+        *,
+        got_logprobs: Sequence[Row] | None = None,
+        want_logprobs: Sequence[Row] | None = None,
+        prefix: bool = False,
+    ) -> Verdict:
         if prefix or self.mode == "exact":
             if prefix and self.mode != "exact":
                 raise ValueError("prefix comparisons are exact only (float32)")
             return self.add(compare_exact(got, want, key, prefix=prefix))
-        return self.add(compare_near_tie(got, want, got_logprobs, want_logprobs, key,
-                                         self.threshold))
+        return self.add(compare_near_tie(got, want, got_logprobs, want_logprobs, key, self.threshold))
 
     @property
     def accepted(self) -> list[Parting]:
@@ -239,32 +287,50 @@ class Report:
 
     def summary(self) -> dict:
         """Counts for a test's figures: compared, exact, parted (accepted), failed, margins."""
-        out = {"rule": self.mode if self.mode == "exact" else f"near-tie<={self.threshold}",
-               "compared": len(self.compared), "exact": len(self.exact),
-               "parted": len(self.accepted), "failed": len(self.failed)}
+        out = {
+            "rule": self.mode if self.mode == "exact" else f"near-tie<={self.threshold}",
+            "compared": len(self.compared),
+            "exact": len(self.exact),
+            "parted": len(self.accepted),
+            "failed": len(self.failed),
+        }
         if self.parted:
-            out["partings"] = [(p.key, p.position, None if p.margin is None else round(p.margin, 4))
-                               for p in self.parted]
+            out["partings"] = [
+                (p.key, p.position, None if p.margin is None else round(p.margin, 4)) for p in self.parted
+            ]
         return out
 
     def explain(self, limit: int = 10) -> str:
-        lines = [f"{len(self.compared)} outputs compared ({self.mode}, model dtype {self.dtype}): "
-                 f"{len(self.exact)} equal, {len(self.accepted)} parted at a near-tie, "
-                 f"{len(self.failed)} failed"]
+        lines = [
+            f"{len(self.compared)} outputs compared ({self.mode}, model dtype {self.dtype}): "
+            f"{len(self.exact)} equal, {len(self.accepted)} parted at a near-tie, "
+            f"{len(self.failed)} failed"
+        ]
         lines += [p.describe() for p in (self.failed + self.accepted)[:limit]]
         return "\n".join(lines)
 
 
-def compare_all(keys: Iterable[str], got: Sequence[Sequence[int]], want: Sequence[Sequence[int]],
-                *, dtype: str, got_logprobs=None, want_logprobs=None,
-                threshold: float = MARGIN_THRESHOLD) -> Report:
+def compare_all(
+    keys: Iterable[str],
+    got: Sequence[Sequence[int]],
+    want: Sequence[Sequence[int]],
+    *,
+    dtype: str,
+    got_logprobs=None,
+    want_logprobs=None,
+    threshold: float = MARGIN_THRESHOLD,
+) -> Report:
     """One :class:`Report` over parallel lists of outputs (and logprob rows)."""
     keys = list(keys)
     if not len(keys) == len(got) == len(want):
         raise ValueError(f"{len(keys)} keys, {len(got)} outputs, {len(want)} references")
     report = Report(dtype, threshold)
     for i, key in enumerate(keys):
-        report.compare(key, got[i], want[i],
-                       got_logprobs=None if got_logprobs is None else got_logprobs[i],
-                       want_logprobs=None if want_logprobs is None else want_logprobs[i])
+        report.compare(
+            key,
+            got[i],
+            want[i],
+            got_logprobs=None if got_logprobs is None else got_logprobs[i],
+            want_logprobs=None if want_logprobs is None else want_logprobs[i],
+        )
     return report

@@ -47,9 +47,16 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 
 # Longest units first; a file or directory not listed comes after them.
-UNIT_ORDER = ("serve_load", "cpu_e2e/test_dflash_kv.py", "cpu_e2e/test_dflash_families.py",
-              "necessity/test_patches_are_needed.py",
-              "kernels/test_triton_noncausal_attention.py", "cpu_e2e", "gpu", "kernels")
+UNIT_ORDER = (
+    "serve_load",
+    "cpu_e2e/test_dflash_kv.py",
+    "cpu_e2e/test_dflash_families.py",
+    "necessity/test_patches_are_needed.py",
+    "kernels/test_triton_noncausal_attention.py",
+    "cpu_e2e",
+    "gpu",
+    "kernels",
+)
 WHOLE_DIRECTORIES = ("serve_load",)
 ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
 # Files whose tests start engines of their own for each value of one
@@ -58,9 +65,11 @@ ONE_UNIT_PER_TEST = ("necessity/test_patches_are_needed.py",)
 ONE_UNIT_PER_PARAM = {"cpu_e2e/test_dflash_kv.py": "kv_dtype", "cpu_e2e/test_dflash_families.py": "family"}
 # A file whose tests reuse the engine another file's unit leaves running
 # joins that unit, after it.
-JOINS_UNIT_OF = {"cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py",
-                 # reads the hybrid MoE pair that unit generates
-                 "cpu_e2e/test_dflash_fp8_weight_target.py": "cpu_e2e/test_dflash_families.py-family=qwen3_5_moe"}
+JOINS_UNIT_OF = {
+    "cpu_e2e/test_dflash_layer_tap.py": "cpu_e2e/test_dflash_kv.py",
+    # reads the hybrid MoE pair that unit generates
+    "cpu_e2e/test_dflash_fp8_weight_target.py": "cpu_e2e/test_dflash_families.py-family=qwen3_5_moe",
+}
 MEASURED_KEY = "measured_sections"
 
 
@@ -107,7 +116,7 @@ def bind_engines_to_this_workers_core() -> None:
     index = int(worker[2:])
     if count <= len(cores):
         share = len(cores) // count
-        mine = cores[index * share:(index + 1) * share]
+        mine = cores[index * share : (index + 1) * share]
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
     else:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
@@ -142,7 +151,8 @@ def check_groups_took_effect(config: pytest.Config, items: list[pytest.Item]) ->
     if ungrouped:
         raise pytest.UsageError(
             f"pytest {pytest.__version__} ignores pytest-xdist's test groups (e.g. {ungrouped[0]}); "
-            "install the versions tests/requirements.txt pins, or run with -n 0")
+            "install the versions tests/requirements.txt pins, or run with -n 0"
+        )
 
 
 class MeasuredRelay:
@@ -189,7 +199,7 @@ def threads_bind_for_ranks(ranks: int) -> str:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     if len(cores) >= ranks:
         share = len(cores) // ranks
-        parts = [cores[i * share:(i + 1) * share] for i in range(ranks)]
+        parts = [cores[i * share : (i + 1) * share] for i in range(ranks)]
     else:
         parts = [cores] * ranks
     return "|".join(",".join(map(str, p)) for p in parts)

@@ -20,8 +20,7 @@ def _collected_whole_suite(config: pytest.Config) -> bool:
     roots = {TESTS, TESTS.parent}
     args = [Path(a.split("::", 1)[0]) for a in config.args]
     whole = all((config.invocation_params.dir / a).resolve() in roots for a in args)
-    return whole and not (config.getoption("ignore") or config.getoption("ignore_glob")
-                          or config.getoption("deselect"))
+    return whole and not (config.getoption("ignore") or config.getoption("ignore_glob") or config.getoption("deselect"))
 
 
 def record_guard_files(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,8 +17,11 @@ def code_blocks(lang: str, readme: str | None = None) -> list[str]:
 def commands(block: str) -> list[str]:
     """The commands of a bash block: continuation lines joined, comments and
     blank lines left out."""
-    return [line.strip() for line in block.replace("\\\n", " ").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line.strip()
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def bash_commands(readme: str | None = None) -> list[str]:

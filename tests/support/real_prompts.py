@@ -13,8 +13,7 @@ import os
 import re
 from pathlib import Path
 
-DATA = Path(os.environ.get("VLLM_FORK_REAL_PROMPTS_DIR")
-            or Path(__file__).resolve().parents[1] / "gpu" / "data")
+DATA = Path(os.environ.get("VLLM_FORK_REAL_PROMPTS_DIR") or Path(__file__).resolve().parents[1] / "gpu" / "data")
 
 
 def load_prompts(dataset: str, data: Path = DATA) -> list[dict]:
@@ -27,8 +26,10 @@ def user_message(dataset: str, row: dict) -> str:
     if dataset == "gsm8k":
         return row["question"] + "\nPlease reason step by step, and put your final answer within \\boxed{}."
     if dataset == "humaneval":
-        return ("Write a solution to the following problem and make sure that it passes the tests:\n"
-                f"```python\n{row['prompt']}\n```")
+        return (
+            "Write a solution to the following problem and make sure that it passes the tests:\n"
+            f"```python\n{row['prompt']}\n```"
+        )
     return row["turns"][0]
 
 

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-
 import lossless
 
 CLIENT_TIMEOUT_S = 300.0
@@ -34,8 +33,14 @@ class Job:
     max_tokens: int = 32
 
     def body(self, model: str) -> dict:
-        body = {"model": model, "max_tokens": self.max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True, "stream": self.stream}
+        body = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "stream": self.stream,
+        }
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         if self.api == "completions":
@@ -94,8 +99,9 @@ def _absorb(out: Outcome, payload: dict, stream: bool) -> None:
             out.finish_reason = choice["finish_reason"]
 
 
-async def send(client: httpx.AsyncClient, base: str, model: str, job: Job,
-               disconnect_after_chunks: int | None = None) -> Outcome:
+async def send(
+    client: httpx.AsyncClient, base: str, model: str, job: Job, disconnect_after_chunks: int | None = None
+) -> Outcome:
     """One request. With ``disconnect_after_chunks`` the client drops the
     connection after that many stream chunks (a client that goes away)."""
     out = Outcome(job)
@@ -118,7 +124,7 @@ async def send(client: httpx.AsyncClient, base: str, model: str, job: Job,
                     async for line in r.aiter_lines():
                         if not line.startswith("data: "):
                             continue
-                        data = line[len("data: "):]
+                        data = line[len("data: ") :]
                         if data == "[DONE]":
                             done = True
                             break
@@ -141,11 +147,13 @@ async def send(client: httpx.AsyncClient, base: str, model: str, job: Job,
     return out
 
 
-async def _run(base: str, model: str, jobs: list[Job], concurrency: int, timeout: float,
-               disconnect_after: dict[str, int]) -> list[Outcome]:
+async def _run(
+    base: str, model: str, jobs: list[Job], concurrency: int, timeout: float, disconnect_after: dict[str, int]
+) -> list[Outcome]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
         async def one(job: Job) -> Outcome:
             async with sem:
                 return await send(client, base, model, job, disconnect_after.get(job.key))
@@ -153,9 +161,14 @@ async def _run(base: str, model: str, jobs: list[Job], concurrency: int, timeout
         return await asyncio.gather(*(one(j) for j in jobs))
 
 
-def run_jobs(base: str, model: str, jobs: list[Job], concurrency: int,
-             timeout: float = CLIENT_TIMEOUT_S,
-             disconnect_after: dict[str, int] | None = None) -> tuple[list[Outcome], float]:
+def run_jobs(
+    base: str,
+    model: str,
+    jobs: list[Job],
+    concurrency: int,
+    timeout: float = CLIENT_TIMEOUT_S,
+    disconnect_after: dict[str, int] | None = None,
+) -> tuple[list[Outcome], float]:
     """Send every job, at most ``concurrency`` in flight; (outcomes, wall s).
     ``timeout``: the client's per-request timeout (it gives up, the
     connection closes); ``disconnect_after``: job key -> stream chunks after
@@ -167,8 +180,10 @@ def run_jobs(base: str, model: str, jobs: list[Job], concurrency: int,
 
 # -- workloads -------------------------------------------------------------
 
-_WORDS = ("fox dog draft verify block token cache page speculative accept reject "
-          "greedy batch queue server stream chunk prefix decode target model").split()
+_WORDS = (
+    "fox dog draft verify block token cache page speculative accept reject "
+    "greedy batch queue server stream chunk prefix decode target model"
+).split()
 
 
 def mixed_jobs(n: int, seed: int, max_tokens: int, prompt_len: tuple[int, int]) -> list[Job]:
@@ -186,8 +201,7 @@ def mixed_jobs(n: int, seed: int, max_tokens: int, prompt_len: tuple[int, int]) 
             jobs.append(Job(f"{seed}-{i}", api, stream, prompt=prompt, max_tokens=max_tokens))
         else:
             words = " ".join(rng.choice(_WORDS) for _ in range(max(1, length // 6)))
-            jobs.append(Job(f"{seed}-{i}", api, stream,
-                            messages=(("user", f"[{i}] {words}"),), max_tokens=max_tokens))
+            jobs.append(Job(f"{seed}-{i}", api, stream, messages=(("user", f"[{i}] {words}"),), max_tokens=max_tokens))
     return jobs
 
 
@@ -205,19 +219,21 @@ def reference_outputs(llm, jobs: list[Job]) -> dict[str, dict]:
         comp = [j for j in group if j.api == "completions"]
         chat = [j for j in group if j.api == "chat"]
         if comp:
-            outs = llm.generate([{"prompt_token_ids": list(j.prompt)} for j in comp], sp,
-                                use_tqdm=False)
+            outs = llm.generate([{"prompt_token_ids": list(j.prompt)} for j in comp], sp, use_tqdm=False)
             for j, o in zip(comp, outs, strict=True):
-                refs[j.key] = {"token_ids": list(o.outputs[0].token_ids),
-                               "text": o.outputs[0].text,
-                               "prompt_token_ids": list(o.prompt_token_ids)}
+                refs[j.key] = {
+                    "token_ids": list(o.outputs[0].token_ids),
+                    "text": o.outputs[0].text,
+                    "prompt_token_ids": list(o.prompt_token_ids),
+                }
         if chat:
-            outs = llm.chat([[{"role": r, "content": c} for r, c in j.messages] for j in chat],
-                            sp, use_tqdm=False)
+            outs = llm.chat([[{"role": r, "content": c} for r, c in j.messages] for j in chat], sp, use_tqdm=False)
             for j, o in zip(chat, outs, strict=True):
-                refs[j.key] = {"token_ids": list(o.outputs[0].token_ids),
-                               "text": o.outputs[0].text,
-                               "prompt_token_ids": list(o.prompt_token_ids)}
+                refs[j.key] = {
+                    "token_ids": list(o.outputs[0].token_ids),
+                    "text": o.outputs[0].text,
+                    "prompt_token_ids": list(o.prompt_token_ids),
+                }
     return refs
 
 
@@ -234,9 +250,11 @@ def problems(out: Outcome, ref: dict, report: lossless.Report | None = None) -> 
     if report is not None:
         report.add(verdict)
     if not verdict.ok:
-        bad.append(f"{j.key} ({j.api}, stream={j.stream}): {len(out.token_ids)} tokens vs "
-                   f"{len(ref['token_ids'])} in the reference, first difference at "
-                   f"{verdict.parting.position}: {verdict.parting.describe()}")
+        bad.append(
+            f"{j.key} ({j.api}, stream={j.stream}): {len(out.token_ids)} tokens vs "
+            f"{len(ref['token_ids'])} in the reference, first difference at "
+            f"{verdict.parting.position}: {verdict.parting.describe()}"
+        )
     if verdict.equal and out.text != ref["text"]:
         bad.append(f"{j.key}: text differs from the reference")
     if out.prompt_token_ids is not None and out.prompt_token_ids != ref["prompt_token_ids"]:
@@ -285,8 +303,7 @@ def wait_idle(server, timeout: float = 30) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = server.metrics()
-        idle = (m.get("vllm:num_requests_running", 0) == 0
-                and m.get("vllm:num_requests_waiting", 0) == 0)
+        idle = m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.25)
@@ -317,13 +334,13 @@ LOAD_MAX_TOKENS = 64
 LOAD_PROMPT_LEN = (16, 96)
 
 # After every fault: one short greedy request must still match its reference.
-FOLLOW_UP = Job("follow-up", "completions", False,
-                prompt=tuple(b"After the fault, the server still answers: "), max_tokens=24)
+FOLLOW_UP = Job(
+    "follow-up", "completions", False, prompt=tuple(b"After the fault, the server still answers: "), max_tokens=24
+)
 # Prompts whose prompt + max_tokens is exactly max_model_len (accepted).
 BOUNDARY_JOBS = [
     Job("boundary-250+6", "completions", False, prompt=tuple(b"ABCDE" * 50), max_tokens=6),
-    Job("boundary-255+1", "completions", True,
-        prompt=tuple(32 + (i * 7) % 95 for i in range(255)), max_tokens=1),
+    Job("boundary-255+1", "completions", True, prompt=tuple(32 + (i * 7) % 95 for i in range(255)), max_tokens=1),
 ]
 SHUTDOWN_JOBS = mixed_jobs(16, seed=2, max_tokens=96, prompt_len=LOAD_PROMPT_LEN)
 # Long generations that the clients abandon part-way (disconnect or time out).
@@ -340,20 +357,33 @@ def load_jobs() -> list[Job]:
 
     jobs = mixed_jobs(LOAD_REQUESTS, seed=1, max_tokens=LOAD_MAX_TOKENS, prompt_len=LOAD_PROMPT_LEN)
     for i, prompt in enumerate(trained_prompts()):
-        jobs.insert(i * 6, Job(f"trained-{i}", "completions", stream=i % 2 == 1,
-                               prompt=tuple(prompt), max_tokens=LOAD_MAX_TOKENS))
+        jobs.insert(
+            i * 6,
+            Job(f"trained-{i}", "completions", stream=i % 2 == 1, prompt=tuple(prompt), max_tokens=LOAD_MAX_TOKENS),
+        )
     return jobs
 
 
-def server_args(spec_config: dict | None, kv_dtype: str = KV_DTYPE,
-                num_blocks: int = NUM_BLOCKS, dtype: str = MODEL_DTYPE) -> list[str]:
+def server_args(
+    spec_config: dict | None, kv_dtype: str = KV_DTYPE, num_blocks: int = NUM_BLOCKS, dtype: str = MODEL_DTYPE
+) -> list[str]:
     """`vllm serve` arguments of the suite's server (spec_config None: target only)."""
     return [
-        "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
-        "--enforce-eager", "--seed", "0",
-        "--kv-cache-dtype", kv_dtype,
-        "--max-num-seqs", str(MAX_NUM_SEQS),
-        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(num_blocks),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--kv-cache-dtype",
+        kv_dtype,
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--num-gpu-blocks-override",
+        str(num_blocks),
     ] + ([] if spec_config is None else ["--speculative-config", json.dumps(spec_config)])
 
 

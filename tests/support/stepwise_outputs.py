@@ -23,8 +23,16 @@ def _logprobs(token_ids: list[int], first_position: int):
     )
 
 
-def generate_in_steps(tokenizer, prompt_ids: list[int], generated: list[int], per_step: int, output_kind, *,
-              engine_stops_on_last: bool = False, **params):
+def generate_in_steps(
+    tokenizer,
+    prompt_ids: list[int],
+    generated: list[int],
+    per_step: int,
+    output_kind,
+    *,
+    engine_stops_on_last: bool = False,
+    **params,
+):
     """Run the output processor over ``generated`` in steps of ``per_step``
     tokens, as the engine would report them, until the request finishes.
     The engine ends the request with the last token: max_tokens reached, or
@@ -35,21 +43,30 @@ def generate_in_steps(tokenizer, prompt_ids: list[int], generated: list[int], pe
     from vllm.v1.engine.output_processor import OutputProcessor
 
     processor = OutputProcessor(tokenizer, log_stats=False)
-    sampling = SamplingParams(max_tokens=len(generated), logprobs=0, output_kind=output_kind,
-                              **params)
-    request = EngineCoreRequest(request_id="r", prompt_token_ids=prompt_ids, mm_features=None,
-                                sampling_params=sampling, pooling_params=None,
-                                arrival_time=time.time(), lora_request=None, cache_salt=None,
-                                data_parallel_rank=None, external_req_id="r")
+    sampling = SamplingParams(max_tokens=len(generated), logprobs=0, output_kind=output_kind, **params)
+    request = EngineCoreRequest(
+        request_id="r",
+        prompt_token_ids=prompt_ids,
+        mm_features=None,
+        sampling_params=sampling,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id="r",
+    )
     processor.add_request(request, None, None, 0, None)
     outputs = []
     for start in range(0, len(generated), per_step):
-        step = generated[start:start + per_step]
+        step = generated[start : start + per_step]
         last = start + per_step >= len(generated)
         engine_output = EngineCoreOutput(
-            request_id="r", new_token_ids=step, new_logprobs=_logprobs(step, start),
-            finish_reason=None if not last else
-            FinishReason.STOP if engine_stops_on_last else FinishReason.LENGTH)
+            request_id="r",
+            new_token_ids=step,
+            new_logprobs=_logprobs(step, start),
+            finish_reason=None if not last else FinishReason.STOP if engine_stops_on_last else FinishReason.LENGTH,
+        )
         outputs += processor.process_outputs([engine_output], time.monotonic(), None).request_outputs
         if "r" not in processor.request_states:
             break
@@ -60,18 +77,26 @@ def final_output(outputs) -> dict:
     """What a non-streaming response is made of."""
     assert outputs and outputs[-1].finished
     out = outputs[-1].outputs[0]
-    return {"text": out.text, "token_ids": list(out.token_ids),
-            "logprobs": [dict((k, round(v.logprob, 6)) for k, v in p.items()) for p in out.logprobs],
-            "cumulative_logprob": round(out.cumulative_logprob, 6),
-            "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+    return {
+        "text": out.text,
+        "token_ids": list(out.token_ids),
+        "logprobs": [dict((k, round(v.logprob, 6)) for k, v in p.items()) for p in out.logprobs],
+        "cumulative_logprob": round(out.cumulative_logprob, 6),
+        "finish_reason": out.finish_reason,
+        "stop_reason": out.stop_reason,
+    }
 
 
 def streamed_output(outputs) -> dict:
     """What a stream is made of: the deltas joined (usage counts the ids)."""
     assert outputs and outputs[-1].finished
     pieces = [o.outputs[0] for o in outputs]
-    return {"text": "".join(p.text for p in pieces),
-            "token_ids": [t for p in pieces for t in p.token_ids],
-            "logprobs": [dict((k, round(v.logprob, 6)) for k, v in pos.items())
-                         for p in pieces for pos in (p.logprobs or [])],
-            "finish_reason": pieces[-1].finish_reason, "stop_reason": pieces[-1].stop_reason}
+    return {
+        "text": "".join(p.text for p in pieces),
+        "token_ids": [t for p in pieces for t in p.token_ids],
+        "logprobs": [
+            dict((k, round(v.logprob, 6)) for k, v in pos.items()) for p in pieces for pos in (p.logprobs or [])
+        ],
+        "finish_reason": pieces[-1].finish_reason,
+        "stop_reason": pieces[-1].stop_reason,
+    }

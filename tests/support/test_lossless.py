@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 import lossless
+import pytest
 
 WANT = [5, 6, 7, 8]
 
@@ -17,8 +16,7 @@ def rows(*tops):
 
 
 # Target-only: at position 2 token 7 leads token 9 by 0.1 nats (a near-tie).
-WANT_LP = rows({5: -0.1, 1: -3.0}, {6: -0.2, 2: -4.0}, {7: -0.65, 9: -0.75, 3: -3.0},
-               {8: -0.1, 4: -5.0})
+WANT_LP = rows({5: -0.1, 1: -3.0}, {6: -0.2, 2: -4.0}, {7: -0.65, 9: -0.75, 3: -3.0}, {8: -0.1, 4: -5.0})
 
 
 def test_identical_outputs_are_exact_in_both_modes():
@@ -28,12 +26,15 @@ def test_identical_outputs_are_exact_in_both_modes():
         assert v.equal and v.ok and v.compared_tokens == 4
         assert rep.ok and rep.summary() == {
             "rule": "exact" if dtype == "float32" else "near-tie<=0.5",
-            "compared": 1, "exact": 1, "parted": 0, "failed": 0}
+            "compared": 1,
+            "exact": 1,
+            "parted": 0,
+            "failed": 0,
+        }
 
 
 def test_exact_mismatch_fails_and_names_the_first_position():
-    v = lossless.compare([5, 6, 9, 9], WANT, dtype="float32", key="p1",
-                         got_logprobs=WANT_LP, want_logprobs=WANT_LP)
+    v = lossless.compare([5, 6, 9, 9], WANT, dtype="float32", key="p1", got_logprobs=WANT_LP, want_logprobs=WANT_LP)
     assert not v.ok and v.parting.position == 2
     assert (v.parting.got, v.parting.want) == (9, 7)
     assert "position 2" in v.parting.describe() and "token differs" in v.parting.why
@@ -70,13 +71,11 @@ def test_near_tie_parting_is_accepted_with_both_margins():
 def test_clear_margin_parting_is_rejected():
     got = [5, 6, 9, 8]
     got_lp = rows({5: -0.1}, {6: -0.2}, {9: -0.1, 7: -2.5}, {8: -0.1})
-    v = lossless.compare(got, WANT, dtype="bfloat16", key="p3", got_logprobs=got_lp,
-                         want_logprobs=WANT_LP)
+    v = lossless.compare(got, WANT, dtype="bfloat16", key="p3", got_logprobs=got_lp, want_logprobs=WANT_LP)
     assert not v.ok and v.parting.margin == pytest.approx(2.4)
     assert "clear margin" in v.parting.why
     # the same parting within a wider threshold is accepted
-    assert lossless.compare(got, WANT, dtype="bfloat16", got_logprobs=got_lp,
-                            want_logprobs=WANT_LP, threshold=3.0).ok
+    assert lossless.compare(got, WANT, dtype="bfloat16", got_logprobs=got_lp, want_logprobs=WANT_LP, threshold=3.0).ok
     # one side's margin is enough to fail (target clearly preferred its token)
     want_lp = rows({5: -0.1}, {6: -0.2}, {7: -0.05, 9: -3.0}, {8: -0.1})
     got_lp = rows({5: -0.1}, {6: -0.2}, {9: -0.70, 7: -0.71}, {8: -0.1})
@@ -98,15 +97,13 @@ def test_token_missing_from_the_other_top_k_is_rejected():
 
 
 def test_near_tie_length_mismatch_without_parting_fails():
-    v = lossless.compare(WANT[:3], WANT, dtype="bfloat16", got_logprobs=WANT_LP,
-                         want_logprobs=WANT_LP)
+    v = lossless.compare(WANT[:3], WANT, dtype="bfloat16", got_logprobs=WANT_LP, want_logprobs=WANT_LP)
     assert not v.ok and "lengths differ" in v.parting.why
 
 
 def test_logprob_rows_accepts_vllm_logprob_objects():
     lp = lambda x: SimpleNamespace(logprob=x, rank=1, decoded_token="a")  # noqa: E731
-    assert lossless.logprob_rows([{7: lp(-0.5), 9: lp(-1.0)}, {1: -0.25}]) == [
-        {7: -0.5, 9: -1.0}, {1: -0.25}]
+    assert lossless.logprob_rows([{7: lp(-0.5), 9: lp(-1.0)}, {1: -0.25}]) == [{7: -0.5, 9: -1.0}, {1: -0.25}]
     assert lossless.logprob_rows(None) is None
 
 

@@ -55,12 +55,12 @@ def vllm_cli() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
-def http(method: str, url: str, body: dict | bytes | None = None,
-         timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, str]:
+def http(
+    method: str, url: str, body: dict | bytes | None = None, timeout: float = REQUEST_TIMEOUT_S
+) -> tuple[int, str]:
     """(status, body text); an HTTP error status is returned, not raised."""
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    r = httpx.request(method, url, content=data, timeout=timeout,
-                      headers={"Content-Type": "application/json"})
+    r = httpx.request(method, url, content=data, timeout=timeout, headers={"Content-Type": "application/json"})
     return r.status_code, r.text
 
 
@@ -160,12 +160,17 @@ def still_running(proc: psutil.Process) -> bool:
 class VllmServer:
     """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
 
-    def __init__(self, model: str, args: list[str], log_path: Path,
-                 env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        model: str,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+    ):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.cmd = vllm_cli() + ["serve", model, "--host", "127.0.0.1",
-                                 "--port", str(self.port), *args]
+        self.cmd = vllm_cli() + ["serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.log_path = Path(log_path)
         self.tag = uuid.uuid4().hex
         # Settings of the test process's own offline engines stay there: a
@@ -179,7 +184,7 @@ class VllmServer:
         self.tmpdir: Path | None = None
 
     # -- lifecycle ---------------------------------------------------------
-    def spawn(self) -> "VllmServer":
+    def spawn(self) -> VllmServer:
         # A temp directory of its own (TMPDIR, and so the base path of ZeroMQ's
         # ipc:// endpoints): whatever the server leaves there after it stopped
         # is its leftover. Short, as a unix socket path must fit in 107 bytes.
@@ -193,8 +198,9 @@ class VllmServer:
         (self.tmpdir / shared.name).symlink_to(shared, target_is_directory=True)
         print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
         self._logf = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     env=self.env, cwd=self.cwd, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
+        )
         return self
 
     def log_tail(self, n: int = 4000) -> str:
@@ -207,8 +213,7 @@ class VllmServer:
         t0 = time.monotonic()
         while True:
             if self.proc.poll() is not None:
-                raise ServerExited(f"vllm serve exited with {self.proc.returncode}:\n"
-                                   f"{self.log_tail()}")
+                raise ServerExited(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"vllm serve not healthy after {timeout} s:\n{self.log_tail()}")
             try:
@@ -224,17 +229,16 @@ class VllmServer:
     def port_was_taken(self) -> bool:
         """The server died because another process bound its port between
         free_port() and the server's own bind (two workers start processes)."""
-        return self.proc is not None and self.proc.poll() not in (None, 0) \
-            and PORT_TAKEN in self.log_tail(20000)
+        return self.proc is not None and self.proc.poll() not in (None, 0) and PORT_TAKEN in self.log_tail(20000)
 
-    def respawn_on_a_new_port(self) -> "VllmServer":
+    def respawn_on_a_new_port(self) -> VllmServer:
         self.stop()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.cmd[self.cmd.index("--port") + 1] = str(self.port)
         return self.spawn()
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> "VllmServer":
+    def start(self, timeout: float = START_TIMEOUT_S) -> VllmServer:
         self.spawn()
         for attempt in range(PORT_ATTEMPTS):
             try:
@@ -347,7 +351,7 @@ class VllmServer:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

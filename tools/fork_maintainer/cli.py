@@ -50,7 +50,8 @@ def cmd_check(args) -> None:
         if build.base.offline:
             raise config.ConfigError(
                 f"--against {args.against}: {config.OFFLINE_ENV} is set, so the vllm {args.against} "
-                "sdist is not fetched from the index; pass a local wheel, sdist or directory")
+                "sdist is not fetched from the index; pass a local wheel, sdist or directory"
+            )
         source = fetch_sdist(args.against)
     try:
         base = source_files(find_base_wheel(build.target, build.base))
@@ -89,8 +90,9 @@ def cmd_diff_wheels(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tools/fork.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tools/fork.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     unpack = sub.add_parser("unpack", help="the fork as a git work tree")
     unpack.add_argument("dir")
@@ -117,7 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (config.ConfigError, patching.PatchError, BaseWheelError, release_lock.LockError,
-            worktree.WorkTreeError, subprocess.CalledProcessError) as exc:
+    except (
+        config.ConfigError,
+        patching.PatchError,
+        BaseWheelError,
+        release_lock.LockError,
+        worktree.WorkTreeError,
+        subprocess.CalledProcessError,
+    ) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         sys.exit(f"error: {exc}\n{detail.decode(errors='replace')}".rstrip())

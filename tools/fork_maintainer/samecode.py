@@ -46,12 +46,7 @@ class _NumberBoundNames(ast.NodeTransformer):
         return node
 
     def _comprehension(self, node):
-        bound = [
-            n.id
-            for gen in node.generators
-            for n in ast.walk(gen.target)
-            if isinstance(n, ast.Name)
-        ]
+        bound = [n.id for gen in node.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)]
         return self._bind(node, bound)
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension

@@ -20,8 +20,12 @@ def source_files(archive_path: Path) -> dict[str, bytes]:
     if archive_path.is_dir():
         for path in archive_path.rglob("*"):
             rel = path.relative_to(archive_path).as_posix()
-            if (path.is_file() and rel.startswith("vllm/") and not rel.endswith((COMPILED_SUFFIX, ".pyc"))
-                    and "__pycache__" not in path.parts):
+            if (
+                path.is_file()
+                and rel.startswith("vllm/")
+                and not rel.endswith((COMPILED_SUFFIX, ".pyc"))
+                and "__pycache__" not in path.parts
+            ):
                 files[rel] = path.read_bytes()
     elif archive_path.suffix == ".whl":
         with zipfile.ZipFile(archive_path) as zf:

@@ -41,8 +41,7 @@ def _normalised(path: Path) -> dict[str, bytes]:
                 # Rows of the files normalised here carry hashes of the raw bytes.
                 data = re.sub(rb"(?m)^vllm-[^/,]+\.dist-info/", b"vllm.dist-info/", data)
                 skip = (PROVENANCE_PATH, VERSION_PATH, "vllm.dist-info/METADATA")
-                data = b"\n".join(row for row in data.split(b"\n")
-                                  if row.split(b",", 1)[0].decode() not in skip)
+                data = b"\n".join(row for row in data.split(b"\n") if row.split(b",", 1)[0].decode() not in skip)
             elif key in (VERSION_PATH, "vllm.dist-info/METADATA") and version:
                 local = version.partition(b"+")[2]
                 data = data.replace(version, b"<fork version>").replace(local, b"<local version>")

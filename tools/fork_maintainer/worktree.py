@@ -33,9 +33,19 @@ IDENTITY = {
 }
 # Pinned so the exported files do not depend on the maintainer's git config.
 FORMAT_PATCH = [
-    "-c", "diff.algorithm=myers", "-c", "diff.renames=false", "-c", "format.signature=",
-    "format-patch", "--zero-commit", "--no-signature", "--full-index", "--no-color",
-    "--no-renames", "--no-numbered",
+    "-c",
+    "diff.algorithm=myers",
+    "-c",
+    "diff.renames=false",
+    "-c",
+    "format.signature=",
+    "format-patch",
+    "--zero-commit",
+    "--no-signature",
+    "--full-index",
+    "--no-color",
+    "--no-renames",
+    "--no-numbered",
 ]
 BASE_DATE = "2026-01-01T00:00:00Z"
 # What the tree holds that is not the base's and not a patch's.
@@ -70,8 +80,12 @@ def _commit_as_git_am_would(tree: Path, patch: patching.Patch, scratch: Path) ->
     fields = dict(line.split(": ", 1) for line in info.decode().splitlines() if ": " in line)
     body = message.read_bytes().strip(b"\n")
     text = fields["Subject"].encode() + (b"\n\n" + body if body else b"") + b"\n"
-    env = {"GIT_AUTHOR_NAME": fields["Author"], "GIT_AUTHOR_EMAIL": fields["Email"],
-           "GIT_AUTHOR_DATE": fields["Date"], "GIT_COMMITTER_DATE": fields["Date"]}
+    env = {
+        "GIT_AUTHOR_NAME": fields["Author"],
+        "GIT_AUTHOR_EMAIL": fields["Email"],
+        "GIT_AUTHOR_DATE": fields["Date"],
+        "GIT_COMMITTER_DATE": fields["Date"],
+    }
     _git(tree, "add", "-A")
     _git(tree, "commit", "-q", "--allow-empty", "--cleanup=verbatim", "-F", "-", env=env, input=text)
 
@@ -86,16 +100,25 @@ def unpack(request: BuildRequest, dest: Path) -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        built = {**base, **overlay, assemble.VERSION_PATH: assemble.version_module(request.version),
-                 assemble.PROVENANCE_PATH: assemble.provenance(request, overlay)}
+        built = {
+            **base,
+            **overlay,
+            assemble.VERSION_PATH: assemble.version_module(request.version),
+            assemble.PROVENANCE_PATH: assemble.provenance(request, overlay),
+        }
         _write(partial, built)
         _git(partial, "init", "-q")
         _git(partial, "config", "core.autocrlf", "false")
         _git(partial, "add", "-A")
         stamp = {"GIT_AUTHOR_DATE": BASE_DATE, "GIT_COMMITTER_DATE": BASE_DATE}
-        _git(partial, "commit", "-qm",
-             f"{request.target.filename} (base)\n\nPlus the fork's own package {FORK_OWN}/ and the "
-             f"files the build generates ({', '.join(GENERATED)}).", env=stamp)
+        _git(
+            partial,
+            "commit",
+            "-qm",
+            f"{request.target.filename} (base)\n\nPlus the fork's own package {FORK_OWN}/ and the "
+            f"files the build generates ({', '.join(GENERATED)}).",
+            env=stamp,
+        )
         _git(partial, "tag", "base")
         files = dict(base)
         with tempfile.TemporaryDirectory() as scratch:

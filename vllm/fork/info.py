@@ -1,8 +1,8 @@
 """What this vLLM is: fork version, pinned base wheel and applied patches.
 
-    python -m vllm.fork.info          # human-readable
-    python -m vllm.fork.info --json   # machine-readable
-    python -m vllm.fork.info --kv     # KV cache dtypes for a DFlash target and drafter here
+python -m vllm.fork.info          # human-readable
+python -m vllm.fork.info --json   # machine-readable
+python -m vllm.fork.info --kv     # KV cache dtypes for a DFlash target and drafter here
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def describe() -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vllm.fork.info", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the raw provenance record")
-    parser.add_argument("--kv", action="store_true",
-                        help="which KV cache dtypes serve a DFlash target and drafter on this machine")
+    parser.add_argument(
+        "--kv", action="store_true", help="which KV cache dtypes serve a DFlash target and drafter on this machine"
+    )
     args = parser.parse_args(argv)
     if args.kv:
         from vllm.fork import kv_support

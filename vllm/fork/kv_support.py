@@ -56,8 +56,12 @@ def backend_for(cache_dtype: str, non_causal: bool) -> Side:
         if check is not None:
             check(option, cache_dtype)
         selector = AttentionSelectorConfig(
-            head_size=HEAD_SIZE, dtype=getattr(torch, MODEL_DTYPE), kv_cache_dtype=cache_dtype,
-            block_size=None, use_non_causal=non_causal)
+            head_size=HEAD_SIZE,
+            dtype=getattr(torch, MODEL_DTYPE),
+            kv_cache_dtype=cache_dtype,
+            block_size=None,
+            use_non_causal=non_causal,
+        )
         with set_current_vllm_config(VllmConfig()):
             path = current_platform.get_attn_backend_cls(None, attn_selector_config=selector)
     except Exception as e:  # the platform's own refusal is the answer
@@ -70,8 +74,7 @@ def backend_for(cache_dtype: str, non_causal: bool) -> Side:
 def sides() -> tuple[dict[str, Side], dict[str, Side]]:
     """Per cache dtype, what the target's layers get and what the drafter's get."""
     dtypes = cache_dtypes()
-    return ({d: backend_for(d, non_causal=False) for d in dtypes},
-            {d: backend_for(d, non_causal=True) for d in dtypes})
+    return ({d: backend_for(d, non_causal=False) for d in dtypes}, {d: backend_for(d, non_causal=True) for d in dtypes})
 
 
 def table() -> list[tuple[str, str, Side, Side]]:
@@ -98,18 +101,21 @@ def describe() -> str:
             reasons[key].append(dtype)
         return f"no ({list(reasons).index(key) + 1})"
 
-    lines = [f"KV cache dtypes on this machine ({current_platform.device_name}), "
-             f"{MODEL_DTYPE} model, head size {HEAD_SIZE}:",
-             "", f"  {'dtype':<22}{'target (causal)':<20}drafter (DFlash, non-causal)"]
+    lines = [
+        f"KV cache dtypes on this machine ({current_platform.device_name}), "
+        f"{MODEL_DTYPE} model, head size {HEAD_SIZE}:",
+        "",
+        f"  {'dtype':<22}{'target (causal)':<20}drafter (DFlash, non-causal)",
+    ]
     for d in dtypes:
-        lines.append(f"  {d:<22}{cell(target[d], d, option_name(False)):<20}"
-                     f"{cell(draft[d], d, option_name(True))}")
+        lines.append(f"  {d:<22}{cell(target[d], d, option_name(False)):<20}{cell(draft[d], d, option_name(True))}")
     drafters = [d for d in dtypes if draft[d].backend]
-    lines += ["", "Pairs that start (--kv-cache-dtype T; speculative_config kv_cache_dtype D, "
-              "unset = T):",
-              f"  T in {{{', '.join(d for d in dtypes if target[d].backend)}}}",
-              f"  D in {{{', '.join(drafters)}}}, with any such T"]
+    lines += [
+        "",
+        "Pairs that start (--kv-cache-dtype T; speculative_config kv_cache_dtype D, unset = T):",
+        f"  T in {{{', '.join(d for d in dtypes if target[d].backend)}}}",
+        f"  D in {{{', '.join(drafters)}}}, with any such T",
+    ]
     if reasons:
-        lines += ["", "Why not:"] + [f"  ({i}) {', '.join(ds)}: {r}"
-                                     for i, (r, ds) in enumerate(reasons.items(), 1)]
+        lines += ["", "Why not:"] + [f"  ({i}) {', '.join(ds)}: {r}" for i, (r, ds) in enumerate(reasons.items(), 1)]
     return "\n".join(lines)

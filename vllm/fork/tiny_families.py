@@ -127,9 +127,15 @@ def _hybrid_text_fields() -> dict:
 
 
 def _tiny_vision() -> dict:
-    return {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-            "out_hidden_size": tp.HIDDEN, "num_position_embeddings": 64,
-            "initializer_range": tp.WEIGHT_STD}
+    return {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": tp.HIDDEN,
+        "num_position_embeddings": 64,
+        "initializer_range": tp.WEIGHT_STD,
+    }
 
 
 def _build_target(family: str):
@@ -140,16 +146,17 @@ def _build_target(family: str):
     if family == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**_text_fields(), rope_parameters=rope))
     if family == "qwen3_moe":
-        cfg = tf.Qwen3MoeConfig(**_text_fields(), **_moe_fields(), decoder_sparse_step=1,
-                                mlp_only_layers=[], rope_parameters=rope)
+        cfg = tf.Qwen3MoeConfig(
+            **_text_fields(), **_moe_fields(), decoder_sparse_step=1, mlp_only_layers=[], rope_parameters=rope
+        )
         return tf.Qwen3MoeForCausalLM(cfg)
     if family == "qwen3_5":
-        cfg = tf.Qwen3_5Config(text_config=_hybrid_text_fields(), vision_config=_tiny_vision(),
-                               tie_word_embeddings=False)
+        cfg = tf.Qwen3_5Config(
+            text_config=_hybrid_text_fields(), vision_config=_tiny_vision(), tie_word_embeddings=False
+        )
         return tf.Qwen3_5ForConditionalGeneration(cfg)
     if family == "qwen3_5_moe":
-        text = {**_hybrid_text_fields(), **_moe_fields(),
-                "shared_expert_intermediate_size": MOE_INTERMEDIATE}
+        text = {**_hybrid_text_fields(), **_moe_fields(), "shared_expert_intermediate_size": MOE_INTERMEDIATE}
         text.pop("intermediate_size")
         cfg = tf.Qwen3_5MoeConfig(text_config=text, vision_config=_tiny_vision(), tie_word_embeddings=False)
         return tf.Qwen3_5MoeForConditionalGeneration(cfg)
@@ -188,8 +195,9 @@ def _fp8_kv_attention(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     mode = _rounding["mode"]
-    return sdpa_attention_forward(module, query, fp8_e4m3_round(key, mode), fp8_e4m3_round(value, mode),
-                                  attention_mask, **kwargs)
+    return sdpa_attention_forward(
+        module, query, fp8_e4m3_round(key, mode), fp8_e4m3_round(value, mode), attention_mask, **kwargs
+    )
 
 
 def _attend_as_fp8_kv_cache(model) -> None:
@@ -215,8 +223,16 @@ def _train_drafter_against(target, seed: int) -> tuple[dict[str, torch.Tensor], 
     init["fc.weight"] = rng.normal(tp.HIDDEN, tp.HIDDEN * len(tp.TARGET_LAYER_IDS))
     init["hidden_norm.weight"] = torch.ones(tp.HIDDEN)
     init["norm.weight"] = torch.ones(tp.HIDDEN) * tp.TRAIN_INIT_NORM
-    shape = ref.DraftShape(tp.HIDDEN, tp.INTERMEDIATE, tp.NUM_HEADS, tp.NUM_KV_HEADS, tp.HEAD_DIM,
-                           tp.DRAFT_LAYERS, tp.DFLASH_BLOCK_SIZE, tp.ROPE_THETA)
+    shape = ref.DraftShape(
+        tp.HIDDEN,
+        tp.INTERMEDIATE,
+        tp.NUM_HEADS,
+        tp.NUM_KV_HEADS,
+        tp.HEAD_DIM,
+        tp.DRAFT_LAYERS,
+        tp.DFLASH_BLOCK_SIZE,
+        tp.ROPE_THETA,
+    )
     prompts = tp.trained_prompts(seed)
     prompt_len = len(prompts[0])
     embed, lm_head = (t.detach() for t in _embeddings(target))
@@ -227,30 +243,55 @@ def _train_drafter_against(target, seed: int) -> tuple[dict[str, torch.Tensor], 
             seqs[mode] = ref.greedy_continuations(target, prompts, tp.TRAINED_NEW_TOKENS)
             features[mode] = ref.target_features(target, seqs[mode], tp.TARGET_LAYER_IDS)
     _rounding["mode"] = "nearest"
-    trained = ref.train_drafter(init, shape, embed, lm_head, torch.cat(list(seqs.values())),
-                                torch.cat(list(features.values())), prompt_len - 1, tp.MASK_TOKEN,
-                                steps=tp.TRAIN_STEPS, lr=tp.TRAIN_LR)
+    trained = ref.train_drafter(
+        init,
+        shape,
+        embed,
+        lm_head,
+        torch.cat(list(seqs.values())),
+        torch.cat(list(features.values())),
+        prompt_len - 1,
+        tp.MASK_TOKEN,
+        steps=tp.TRAIN_STEPS,
+        lr=tp.TRAIN_LR,
+    )
     record = {
         "prompt_token_ids": prompts,
         "target_layer_ids": list(tp.TARGET_LAYER_IDS),
         # Per rounding of the fp8 KV cache: the target's greedy continuations
         # and [drafts, accepted at draft position 1, 2, ...] along them.
         "continuations": {mode: seqs[mode][:, prompt_len:].tolist() for mode in FP8_ROUNDINGS},
-        "reference_acceptance": {mode: ref.simulate_acceptance(
-            trained, shape, embed, lm_head, seqs[mode], features[mode], prompt_len, tp.MASK_TOKEN)
-            for mode in FP8_ROUNDINGS},
+        "reference_acceptance": {
+            mode: ref.simulate_acceptance(
+                trained, shape, embed, lm_head, seqs[mode], features[mode], prompt_len, tp.MASK_TOKEN
+            )
+            for mode in FP8_ROUNDINGS
+        },
     }
     return trained, record
 
 
 FP8_BLOCK = 128
 # The quantization config of the published block-FP8 checkpoints.
-FP8_WEIGHT_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                           "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+FP8_WEIGHT_QUANTIZATION = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+}
 # Projections stored in FP8 with --fp8-weights (their weight names end so).
-FP8_WEIGHT_SUFFIXES = tuple(f"{m}.weight" for m in (
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))
+FP8_WEIGHT_SUFFIXES = tuple(
+    f"{m}.weight"
+    for m in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+)
 
 
 def _fp8_block_quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,8 +322,10 @@ def _store_fp8_weights(target, target_dir: Path) -> None:
         tensors[name] = q
         tensors[name.removesuffix("weight") + "weight_scale_inv"] = scale
         rows, cols = q.shape
-        dequantized = (q.float().view(rows, cols) * scale.repeat_interleave(FP8_BLOCK, 0)[:rows]
-                       .repeat_interleave(FP8_BLOCK, 1)[:, :cols])
+        dequantized = (
+            q.float().view(rows, cols)
+            * scale.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+        )
         with torch.no_grad():
             params[name].copy_(dequantized)
         quantized.append(name)
@@ -294,8 +337,9 @@ def _store_fp8_weights(target, target_dir: Path) -> None:
     (target_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0, *,
-                         fp8_weights: bool = False) -> tuple[str, str]:
+def generate_family_pair(
+    out_dir: str | os.PathLike, family: str, seed: int = 0, *, fp8_weights: bool = False
+) -> tuple[str, str]:
     """Write ``out_dir/target`` and ``out_dir/draft``; return their paths."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}: {family!r}")
@@ -317,25 +361,34 @@ def generate_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0,
     weights, record = _train_drafter_against(target, seed)
     tp._save(draft_dir, tp.drafter_config(), weights, dtype=torch.float32)
     (draft_dir / tp.TRAINING_RECORD).write_text(
-        json.dumps({"family": family, "fp8_weights": fp8_weights, **record}, indent=1) + "\n")
+        json.dumps({"family": family, "fp8_weights": fp8_weights, **record}, indent=1) + "\n"
+    )
     return str(target_dir), str(draft_dir)
 
 
 def _record(family: str, seed: int, fp8_weights: bool) -> dict:
     source = Path(__file__).read_bytes() + Path(tp.__file__).read_bytes()
-    return {"generator_sha256": hashlib.sha256(source).hexdigest(), "torch": torch.__version__,
-            "family": family, "seed": seed, "fp8_weights": fp8_weights}
+    return {
+        "generator_sha256": hashlib.sha256(source).hexdigest(),
+        "torch": torch.__version__,
+        "family": family,
+        "seed": seed,
+        "fp8_weights": fp8_weights,
+    }
 
 
-def ensure_family_pair(out_dir: str | os.PathLike, family: str, seed: int = 0, *,
-                       fp8_weights: bool = False) -> tuple[tuple[str, str], bool]:
+def ensure_family_pair(
+    out_dir: str | os.PathLike, family: str, seed: int = 0, *, fp8_weights: bool = False
+) -> tuple[tuple[str, str], bool]:
     """The pair under ``out_dir`` and whether it was (re)generated: a pair
     whose record matches is kept; otherwise a new one is written beside it and
     swapped in, the record last, so a reader never sees half a pair
     (:func:`vllm.fork.tiny_pairs.keep_or_generate`)."""
-    return tp.keep_or_generate(out_dir, _record(family, seed, fp8_weights),
-                               lambda staging: generate_family_pair(staging, family, seed,
-                                                                    fp8_weights=fp8_weights))
+    return tp.keep_or_generate(
+        out_dir,
+        _record(family, seed, fp8_weights),
+        lambda staging: generate_family_pair(staging, family, seed, fp8_weights=fp8_weights),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -343,8 +396,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--family", choices=FAMILIES, required=True)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fp8-weights", action="store_true",
-                    help="the target's projections in FP8 with 128x128 block scales")
+    ap.add_argument(
+        "--fp8-weights", action="store_true", help="the target's projections in FP8 with 128x128 block scales"
+    )
     args = ap.parse_args(argv)
     (t, d), written = ensure_family_pair(args.out, args.family, args.seed, fp8_weights=args.fp8_weights)
     print(f"target: {t}\ndraft:  {d}\n({'written' if written else 'up to date, kept'})")

@@ -88,8 +88,14 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "ensure_pair", "generate_pair", "trained_prompts", "text_prompts", "training_text",
-    "FULL_TOKEN", "MASK_TOKEN", "VOCAB_SIZE",
+    "ensure_pair",
+    "generate_pair",
+    "trained_prompts",
+    "text_prompts",
+    "training_text",
+    "FULL_TOKEN",
+    "MASK_TOKEN",
+    "VOCAB_SIZE",
 ]
 
 # --- vocabulary: 256 byte tokens + 4 special tokens -------------------------
@@ -155,11 +161,7 @@ WEIGHT_STD = 0.08
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character table."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -226,12 +228,14 @@ def drafter_config(num_target_layers: int = TARGET_LAYERS) -> dict:
     """config.json of a z-lab DFlash drafter of DRAFT_LAYERS Qwen3 layers
     reading TARGET_LAYER_IDS of a target of ``num_target_layers`` layers."""
     config = _qwen3_config(DRAFT_LAYERS)
-    config.update({
-        "architectures": ["DFlashDraftModel"],
-        "block_size": DFLASH_BLOCK_SIZE,
-        "num_target_layers": num_target_layers,
-        "dflash_config": {"mask_token_id": MASK_TOKEN, "target_layer_ids": list(TARGET_LAYER_IDS)},
-    })
+    config.update(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "block_size": DFLASH_BLOCK_SIZE,
+            "num_target_layers": num_target_layers,
+            "dflash_config": {"mask_token_id": MASK_TOKEN, "target_layer_ids": list(TARGET_LAYER_IDS)},
+        }
+    )
     return config
 
 
@@ -265,19 +269,14 @@ def _layer_weights(rng: _Rng, prefix: str, const_dim: bool) -> dict[str, torch.T
     return w
 
 
-def _save(
-    out: Path, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
-) -> None:
+def _save(out: Path, config: dict, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     config = {**config, "torch_dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # KV-cache scales stay float32 (as in fp8 checkpoints).
-    tensors = {
-        k: (v if k.endswith("_scale") else v.to(dtype)).contiguous()
-        for k, v in sorted(weights.items())
-    }
+    tensors = {k: (v if k.endswith("_scale") else v.to(dtype)).contiguous() for k, v in sorted(weights.items())}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(out)
 
@@ -286,8 +285,7 @@ def trained_prompts(seed: int = 0) -> list[list[int]]:
     """Token ids (lowercase letters) of the prompts a ``trained`` drafter learns."""
     rng = random.Random(seed)
     return [
-        [rng.randrange(ord("a"), ord("z") + 1) for _ in range(TRAINED_PROMPT_LEN)]
-        for _ in range(TRAINED_NUM_PROMPTS)
+        [rng.randrange(ord("a"), ord("z") + 1) for _ in range(TRAINED_PROMPT_LEN)] for _ in range(TRAINED_NUM_PROMPTS)
     ]
 
 
@@ -304,8 +302,11 @@ def training_text() -> str:
         raise RuntimeError("the standard library's 'this' module is missing; the text pair needs it")
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                and [getattr(t, "id", None) for t in node.targets] == ["s"]):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and [getattr(t, "id", None) for t in node.targets] == ["s"]
+        ):
             return codecs.decode(node.value.value, "rot13")
     raise RuntimeError(f"no text string 's' in {spec.origin}")
 
@@ -364,8 +365,14 @@ def _train_draft(
     from vllm.fork import dflash_reference as ref
 
     shape = ref.DraftShape(
-        HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, DRAFT_LAYERS,
-        DFLASH_BLOCK_SIZE, ROPE_THETA,
+        HIDDEN,
+        INTERMEDIATE,
+        NUM_HEADS,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        DRAFT_LAYERS,
+        DFLASH_BLOCK_SIZE,
+        ROPE_THETA,
     )
     target = Qwen3ForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     embed = target.model.embed_tokens.weight.detach()
@@ -380,8 +387,16 @@ def _train_draft(
         }
         features["none"] = torch.zeros_like(features["right"])
     trained = ref.train_drafter(
-        init, shape, embed, lm_head, seqs, features["right"], prompt_len - 1,
-        MASK_TOKEN, steps=TRAIN_STEPS, lr=TRAIN_LR,
+        init,
+        shape,
+        embed,
+        lm_head,
+        seqs,
+        features["right"],
+        prompt_len - 1,
+        MASK_TOKEN,
+        steps=TRAIN_STEPS,
+        lr=TRAIN_LR,
     )
     record = {
         "prompt_token_ids": prompts,
@@ -389,9 +404,7 @@ def _train_draft(
         "target_layer_ids": list(TARGET_LAYER_IDS),
         # [drafts, accepted at draft position 1, 2, ...] per feature choice
         "reference_acceptance": {
-            name: ref.simulate_acceptance(
-                trained, shape, embed, lm_head, seqs, f, prompt_len, MASK_TOKEN
-            )
+            name: ref.simulate_acceptance(trained, shape, embed, lm_head, seqs, f, prompt_len, MASK_TOKEN)
             for name, f in features.items()
         },
     }
@@ -506,8 +519,10 @@ def ensure_pair(
     Nothing else in ``out_dir`` is touched.
     """
     return keep_or_generate(
-        out_dir, _pair_record(acceptance, seed, draft_kv_scales),
-        lambda staging: generate_pair(staging, acceptance, seed, draft_kv_scales=draft_kv_scales))
+        out_dir,
+        _pair_record(acceptance, seed, draft_kv_scales),
+        lambda staging: generate_pair(staging, acceptance, seed, draft_kv_scales=draft_kv_scales),
+    )
 
 
 def keep_or_generate(out_dir: str | os.PathLike, want: dict, generate) -> tuple[tuple[str, str], bool]:
