@@ -26,7 +26,15 @@ from pathlib import Path
 import psutil
 import pytest
 from draft_counts import DraftCounts
-from vllm_server import TAG_VAR, free_port, parse_metrics, still_running, tagged_processes, vllm_dist_skip_reason
+from vllm_server import (
+    TAG_VAR,
+    dying_with_this_process,
+    free_port,
+    parse_metrics,
+    still_running,
+    tagged_processes,
+    vllm_dist_skip_reason,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 900
@@ -54,7 +62,12 @@ def test_serve_script_answers_with_the_text_and_accepts_drafts(tmp_path, measure
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            ["bash", "tools/serve.sh"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            dying_with_this_process(["bash", "tools/serve.sh"]),
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         while "==> ready:" not in log_path.read_text(errors="replace"):

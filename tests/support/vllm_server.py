@@ -55,6 +55,28 @@ def vllm_cli() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
+# Run as `python -c DIE_WITH_PARENT CMD...`: ask Linux to send SIGTERM when
+# the parent (the test process) dies, however it dies (SIGKILL included), then
+# become CMD (execv keeps the pid and the request). SIGTERM lets `vllm serve`
+# stop its engine processes as on Ctrl-C. A parent already gone before the
+# request took hold is checked after it.
+DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    sys.exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def dying_with_this_process(cmd: list[str]) -> list[str]:
+    """``cmd`` wrapped so that its process is sent SIGTERM when the process
+    that starts it dies (Linux's parent-death signal)."""
+    return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *cmd]
+
+
 def http(
     method: str, url: str, body: dict | bytes | None = None, timeout: float = REQUEST_TIMEOUT_S
 ) -> tuple[int, str]:
@@ -199,7 +221,12 @@ class VllmServer:
         print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
         self._logf = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
+            dying_with_this_process(self.cmd),
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
         )
         return self
 
