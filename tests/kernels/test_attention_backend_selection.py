@@ -90,3 +90,21 @@ def test_impossible_explicit_choice_names_what_works(cuda_selector, gpu):
     message = str(excinfo.value)
     assert "kv_cache_dtype not supported" in message
     assert "Backends that support this configuration: TRITON_ATTN" in message
+
+
+@pytest.mark.needs_patch("0009", "0010")
+@pytest.mark.parametrize("kv_cache_dtype", ["nvfp4", "turboquant_k8v4"])
+def test_a_drafter_dtype_no_backend_serves_names_the_dtypes_that_do(cuda_selector, kv_cache_dtype):
+    """A DFlash drafter's cache set (speculative_config kv_cache_dtype) to a
+    dtype no backend serves for non-causal attention: the error lists the
+    dtypes that one would serve, each with its backend, and the field."""
+    platform, selector_config, _, set_gpu = cuda_selector
+    set_gpu("B200")
+    with pytest.raises(ValueError) as excinfo:
+        platform.get_attn_backend_cls(None, _drafter_config(selector_config, kv_cache_dtype))
+    message = str(excinfo.value)
+    print(f"\n[kernel] {message[message.index('KV cache dtypes that') :]}")
+    assert "No valid attention backend found" in message
+    assert "(a DFlash drafter's: speculative_config kv_cache_dtype)" in message, message
+    assert "auto (FLASH_ATTN)" in message and "fp8 (TRITON_ATTN)" in message, message
+    assert f"{kv_cache_dtype} (" not in message, message
