@@ -83,7 +83,7 @@ README_COMMANDS = {
 
 
 def test_every_readme_command_is_exercised_somewhere():
-    """Each README command matches an entry of README_COMMANDS whose test
+    """Each command of README.md and docs/ matches an entry of README_COMMANDS whose test
     (file, and function where named) exists."""
     unmapped, missing = [], []
     for command in bash_commands():

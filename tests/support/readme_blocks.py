@@ -1,16 +1,23 @@
-"""The code blocks of README.md, for the tests that keep them true."""
+"""The code blocks of README.md and docs/*.md, for the tests that keep them true."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+
+def documentation() -> str:
+    """README.md, then every page of docs/, in one text."""
+    return "\n".join(p.read_text() for p in [README, *sorted((REPO / "docs").glob("*.md"))])
 
 
 def code_blocks(lang: str, readme: str | None = None) -> list[str]:
-    """The bodies of the README's fenced blocks in ``lang`` (bash, python, ...)."""
-    text = README.read_text() if readme is None else readme
+    """The bodies of the documentation's fenced blocks in ``lang`` (bash,
+    python, ...); ``readme``: the blocks of that text instead."""
+    text = documentation() if readme is None else readme
     return re.findall(rf"```{re.escape(lang)}\n(.*?)```", text, flags=re.S)
 
 
@@ -33,5 +40,5 @@ def block_with(lang: str, needle: str) -> str:
     """The one block in ``lang`` that contains ``needle``."""
     found = [b for b in code_blocks(lang) if needle in b]
     if len(found) != 1:
-        raise LookupError(f"README.md has {len(found)} {lang} blocks with {needle!r}, not 1")
+        raise LookupError(f"README.md and docs/ have {len(found)} {lang} blocks with {needle!r}, not 1")
     return found[0]
