@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,18 +56,11 @@ layers = {name: {"kv_cache_dtype": m.kv_cache_dtype, "k_scale": m._k_scale_float
 print("LAYERS " + json.dumps(layers))
 if "--repacked-forward" in sys.argv:
     import torch
-    import torch.nn.functional as F
-    from vllm.model_executor.layers.linear import LinearBase
 
-    repacked = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if (isinstance(module, LinearBase) and getattr(module, "cpu_linear", None) is not None
-                and weight is not None and weight.numel()):
-            kept = weight.detach()
-            module.cpu_linear = lambda x, _weight, bias, _kept=kept: F.linear(x, _kept, bias)
-            module.weight = torch.nn.Parameter(torch.empty(0, dtype=kept.dtype), requires_grad=False)
-            repacked += 1
+    sys.path.insert(0, sys.argv[sys.argv.index("--repacked-forward") + 1])
+    from dflash_e2e import repack_linear_weights
+
+    repacked = sum(repack_linear_weights(model))  # changed here + repacked by the base already
 
     class AttendToQuery(torch.nn.Module):  # paged attention needs an engine step
         def forward(self, q, k, v):
@@ -116,6 +110,7 @@ def test_draft_layers_take_the_kv_cache_dtype_and_the_drafters_kv_scales(kv_scal
 
 @pytest.mark.needs_patch("0003")
 def test_draft_attention_runs_with_repacked_linear_weights(full_pair):
-    forward = build_the_drafter(full_pair, "fp8", "--repacked-forward")["FORWARD"]
+    support = str(Path(__file__).resolve().parents[1] / "support")
+    forward = build_the_drafter(full_pair, "fp8", "--repacked-forward", support)["FORWARD"]
     print(f"\n[engine] repacked draft attention: {forward}")
     assert forward["repacked"] > 0 and len(forward["shapes"]) == 2, forward

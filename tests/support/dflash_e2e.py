@@ -437,14 +437,14 @@ def worker_set_aux_layers(worker, layers) -> tuple[int, ...]:
     return worker_aux_layers(worker)
 
 
-def worker_repack_draft_linear_weights(worker) -> tuple[int, int]:
-    """Do to the drafter's unquantized linear layers what the base's CPU GEMM
+def repack_linear_weights(model) -> tuple[int, int]:
+    """Do to ``model``'s unquantized linear layers what the base's CPU GEMM
     dispatch does where oneDNN or the SGL kernels are available (AVX-512
     builds): keep the weight only inside the layer's ``cpu_linear`` and leave
     ``.weight`` empty. On CPUs where the base keeps plain ``F.linear`` (AVX2)
-    this makes a draft forward that reads ``.weight`` directly fail the same
-    way, so the check does not depend on the CPU. Returns (layers changed here,
-    layers the base had repacked already): on AVX-512/AMX CPUs the base's own
+    this makes a forward that reads ``.weight`` directly fail the same way, so
+    a check does not depend on the CPU. Returns (layers changed here, layers
+    the base had repacked already): on AVX-512/AMX CPUs the base's own
     dispatch may have done it to every layer, leaving nothing to change."""
     import torch.nn.functional as F
 
@@ -453,7 +453,7 @@ def worker_repack_draft_linear_weights(worker) -> tuple[int, int]:
     changed = already = 0
     # Linear layers only: embeddings and the LM head may be the target's own
     # (shared with the drafter), and they are not repacked by the base.
-    for module in worker.model_runner.drafter.model.modules():
+    for module in model.modules():
         weight = getattr(module, "weight", None)
         if not isinstance(module, LinearBase) or getattr(module, "cpu_linear", None) is None or weight is None:
             continue
@@ -465,6 +465,11 @@ def worker_repack_draft_linear_weights(worker) -> tuple[int, int]:
         module.weight = torch.nn.Parameter(torch.empty(0, dtype=kept.dtype), requires_grad=False)
         changed += 1
     return changed, already
+
+
+def worker_repack_draft_linear_weights(worker) -> tuple[int, int]:
+    """repack_linear_weights on the engine's drafter."""
+    return repack_linear_weights(worker.model_runner.drafter.model)
 
 
 def worker_record_first_propose(worker) -> str:
