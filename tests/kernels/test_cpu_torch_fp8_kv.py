@@ -233,3 +233,49 @@ def test_no_avx512_mode_reaches_child_processes():
     line = p.stdout.strip().splitlines()[-1]
     print(f"\n[kernel] child under VLLM_FORK_TEST_NO_AVX512=1: {line}")
     assert line == "False False True ['_C_AVX2.abi3.so']", line
+
+
+def _attention(case, query, query_start_loc, seq_lens, block_table, causal=True):
+    out = torch.empty_like(query)
+    key_cache, value_cache = case.kv_cache.unbind(0)
+    ops.cpu_attention_with_kv_cache(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=out,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        scale=1 / math.sqrt(HEAD_SIZE),
+        causal=causal,
+        alibi_slopes=None,
+        sliding_window=(-1, -1),
+        block_table=block_table,
+        softcap=0.0,
+        scheduler_metadata=None,
+        s_aux=torch.tensor([0.5, -1.0, 2.0, 0.0]),
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        kv_cache_dtype=case.kv_dtype,
+    )
+    return out
+
+
+@pytest.mark.needs_patch("0012")
+def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
+    """Speculative decoding is lossless only if the target computes a token
+    verified among k + 1 positions exactly as it computes that token decoded
+    alone: a last-bit difference, rounded into the fp8 cache with the next
+    keys and values, grows until greedy outputs part (a gpt-oss target served
+    with DFlash parted from target-only decoding 41 tokens in)."""
+    case = Case("fp8", dtype=torch.float32)
+    query_len, seq_len = BATCH[0]
+    verified = _attention(case, case.query, case.query_start_loc, case.seq_lens, case.block_table)[:query_len]
+    for i in range(query_len):
+        alone = _attention(
+            case,
+            case.query[i : i + 1],
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([seq_len - query_len + 1 + i], dtype=torch.int32),
+            case.block_table[:1],
+        )
+        assert torch.equal(verified[i], alone[0]), f"row {i}: max diff {(verified[i] - alone[0]).abs().max():.3g}"
