@@ -247,3 +247,53 @@ def test_prefix_caching_hashes_at_a_size_every_group_divides():
     print(f"\n[layout] group block sizes {sizes}: scheduler {scheduler_block}, hashes {hash_block}")
     assert (scheduler_block, hash_block) == (128, 32)
     assert all(s % hash_block == 0 for s in sizes)
+
+
+def _gpt_oss(num_target_layers: int, draft_layers: int) -> tuple[dict, int]:
+    """gpt-oss: sliding-window and full attention alternating, both with the
+    target's heads; a DFlash drafter's full-attention layers with the same
+    heads share the spec of the target's full-attention layers."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    full = _attention(16, 8, 64, FP8)
+    sliding = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=FP8, sliding_window=128)
+    specs = {f"model.layers.{i}.attn.attn": sliding if i % 2 == 0 else full for i in range(num_target_layers)}
+    for i in range(draft_layers):
+        specs[f"model.layers.{num_target_layers + i}.self_attn.attn"] = full
+    return specs, num_target_layers
+
+
+def _drafter_group_of(groups, num_target_layers: int) -> set[int]:
+    return {i for i, g in enumerate(groups) for name in g.layer_names if int(name.split(".")[2]) >= num_target_layers}
+
+
+@needs_layout_patch
+@pytest.mark.parametrize(
+    "num_target_layers, draft_layers",
+    [(4, 2), (24, 8)],
+    ids=["tiny-family", "gpt-oss-20b-8-layer-drafter"],
+)
+def test_a_drafter_sharing_the_full_attention_spec_of_a_sliding_window_target_keeps_one_group(
+    num_target_layers, draft_layers
+):
+    """More full-attention layers (the target's and the drafter's) than 1.5
+    times the sliding-window ones: the full-attention bucket is split, and
+    split with the target's layers the drafter's landed in several groups."""
+    specs, n = _gpt_oss(num_target_layers, draft_layers)
+    groups = _groups(specs, n)
+    print(
+        f"\n[layout] gpt-oss {n} layers + {draft_layers}-layer drafter: "
+        + ", ".join(f"{len(g.layer_names)} {type(g.kv_cache_spec).__name__}" for g in groups)
+    )
+    assert len(_drafter_group_of(groups, n)) == 1
+    drafter_group = groups[_drafter_group_of(groups, n).pop()]
+    assert all(int(name.split(".")[2]) >= n for name in drafter_group.layer_names)
+
+
+def test_an_eagle_layer_beside_gpt_oss_stays_in_the_full_attention_group():
+    """12 sliding + 13 full (gpt-oss-20b with a one-layer EAGLE head): one
+    group each (the sliding one padded to 13 layers), as on the base; the
+    drafter's layer is not split off into a group of its own."""
+    specs, n = _gpt_oss(24, 1)
+    groups = _groups(specs, n)
+    assert sorted(len(g.layer_names) for g in groups) == [12, 13]
