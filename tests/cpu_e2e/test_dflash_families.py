@@ -1,8 +1,10 @@
 """DFlash + fp8 KV cache behind the target families users serve, on the CPU backend.
 
 For each family of vllm.fork.tiny_families -- LLaMA, Qwen3-MoE, hybrid
-Qwen3.5 (gated delta net 3:1 with full attention, M-RoPE) and hybrid MoE
-Qwen3.5 (Qwen3.6-35B-A3B's layout) -- a tiny target shaped like the real one
+Qwen3.5 (gated delta net 3:1 with full attention, M-RoPE), hybrid MoE
+Qwen3.5 (Qwen3.6-35B-A3B's layout) and gpt-oss (sliding-window and full
+attention alternating, attention sinks, MoE; on CPUs with AVX-512 only,
+see below) -- a tiny target shaped like the real one
 and a DFlash drafter trained against it, served in float32 with
 ``--kv-cache-dtype fp8``:
 
@@ -42,12 +44,14 @@ MIN_ACCEPTANCE_LENGTH = 1.5
 # longest prompt, 118 tokens, grows past a block); a hybrid target's request
 # also holds 1 + num_speculative_tokens state blocks for each gated-delta-net
 # group. So 11 blocks hold two hybrid requests and 3 blocks two or three dense
-# ones: admitted requests that grow preempt the others.
+# ones. gpt-oss's requests take blocks in three groups (sliding-window,
+# full attention, the drafter's): 8 blocks hold about two. Admitted requests
+# that grow preempt the others.
 SMALL_KV = {"max_model_len": 256}
 
 
 def small_kv_blocks(family: str) -> int:
-    return 11 if family.startswith("qwen3_5") else 3
+    return {"qwen3_5": 11, "qwen3_5_moe": 11, "gpt_oss": 8}.get(family, 3)
 
 
 def _families():
@@ -56,8 +60,26 @@ def _families():
     return [pytest.param(f, marks=() if f in PER_COMMIT else pytest.mark.extended) for f in FAMILIES]
 
 
+# Where an fp8 cache goes through the torch path (CPUs without AVX-512),
+# gpt-oss is not claimed: pairs generated with seeds 1 and 2 gave DFlash
+# output that parted from target-only decoding in one prompt of ten, 41 and
+# 47 tokens in, with verified tokens attended exactly as if decoded alone
+# (another part of that path, the MoE torch fallback's per-expert products
+# the suspect, still depends on the batch's shape); the seed-0 pair kept
+# exact output, but its target drifts from the continuations its drafter
+# learned (mean acceptance length 1.40).
+BATCH_SHAPE_DEPENDENT_ON_TORCH_FP8_PATH = ("gpt_oss",)
+
+
 @pytest.fixture(scope="module", params=_families())
 def family(request):
+    from vllm.v1.attention.backends.cpu_attn_torch_fp8 import uses_torch_fp8_kv
+
+    if request.param in BATCH_SHAPE_DEPENDENT_ON_TORCH_FP8_PATH and uses_torch_fp8_kv("fp8"):
+        pytest.skip(
+            f"{request.param} on the torch fp8 KV path (no AVX-512): DFlash output can part from target-only "
+            "decoding on this path (a batch-shape dependence not yet isolated); runs on CPUs with AVX-512"
+        )
     return request.param
 
 

@@ -24,6 +24,13 @@ in size:
 ``qwen3_5_moe``
     ``Qwen3_5MoeForConditionalGeneration`` (Qwen3.6-35B-A3B's layout): the
     hybrid layout above with MoE blocks (8 experts, top-2, a shared expert).
+``gpt_oss``
+    ``GptOssForCausalLM`` (gpt-oss-20b/120b, unquantized as in their BF16
+    releases): 4 layers alternating sliding-window (32 tokens here, 128 in
+    the real ones) and full attention, a learned attention sink per head,
+    YaRN RoPE, biases on every projection, and MoE blocks (8 experts, top-2)
+    with the clamped SwiGLU of gpt-oss. Sinks are stored in bfloat16, as the
+    checkpoints store them.
 
 ``--fp8-weights`` stores the target's attention and MLP projections as FP8
 (e4m3) with one scale per 128x128 block, the format of the published FP8
@@ -47,6 +54,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -55,7 +63,7 @@ from vllm.fork import tiny_pairs as tp
 
 __all__ = ["FAMILIES", "ensure_family_pair", "generate_family_pair", "serve_overrides"]
 
-FAMILIES = ("llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+FAMILIES = ("llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gpt_oss")
 NUM_EXPERTS = 8
 EXPERTS_PER_TOKEN = 2
 MOE_INTERMEDIATE = 128
@@ -68,6 +76,19 @@ HYBRID_LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 LINEAR_KEY_HEADS = 2
 LINEAR_VALUE_HEADS = 4
 LINEAR_HEAD_DIM = 32
+# gpt-oss: sliding-window layers first, then alternating with full attention.
+GPT_OSS_LAYER_TYPES = ["sliding_attention", "full_attention"] * 2
+GPT_OSS_SLIDING_WINDOW = 32
+# gpt-oss-20b's RoPE: YaRN stretching a 4k-token base 32 times.
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+}
 RECORD = "pair.json"
 
 
@@ -160,11 +181,38 @@ def _build_target(family: str):
         text.pop("intermediate_size")
         cfg = tf.Qwen3_5MoeConfig(text_config=text, vision_config=_tiny_vision(), tie_word_embeddings=False)
         return tf.Qwen3_5MoeForConditionalGeneration(cfg)
+    if family == "gpt_oss":
+        fields = {**_text_fields(), "intermediate_size": MOE_INTERMEDIATE}
+        cfg = tf.GptOssConfig(
+            **fields,
+            num_local_experts=NUM_EXPERTS,
+            num_experts_per_tok=EXPERTS_PER_TOKEN,
+            layer_types=list(GPT_OSS_LAYER_TYPES),
+            sliding_window=GPT_OSS_SLIDING_WINDOW,
+            rope_parameters=dict(GPT_OSS_ROPE),
+            attention_bias=True,
+        )
+        return tf.GptOssForCausalLM(cfg)
     raise ValueError(f"family must be one of {', '.join(FAMILIES)}: {family!r}")
 
 
-# (No "flash" in the name: transformers takes such names for flash-attention kernels.)
-FP8_KV_ATTENTION = "sdpa_over_fp8_kv"
+def _exercise_biases_and_sinks(target, gen: torch.Generator) -> None:
+    """Random biases (transformers starts them at zero, where a bias the
+    engine dropped would not show) and sinks rounded to bfloat16 (the dtype
+    the checkpoints store them in)."""
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if name.endswith("bias") or name.endswith("_bias"):
+                param.copy_(torch.randn(param.shape, generator=gen) * tp.WEIGHT_STD)
+            elif name.endswith("sinks"):
+                param.copy_(torch.randn(param.shape, generator=gen).to(torch.bfloat16).float())
+
+
+# No "flash", "flex" or "sdpa" in the names: transformers takes such names for
+# those kernels and checks that the model supports them.
+FP8_KV_ATTENTION = "attention_over_fp8_kv"
+# For models without an SDPA path (gpt-oss: its sinks): their own eager attention.
+FP8_KV_EAGER_ATTENTION = "eager_attention_over_fp8_kv"
 FP8_MAX = 448.0
 # How an fp8 (e4m3) cache rounds what it stores differs between vLLM's CPU
 # paths: torch's conversion (the path of CPUs without AVX-512) rounds to
@@ -200,11 +248,28 @@ def _fp8_kv_attention(module, query, key, value, attention_mask, **kwargs):
     )
 
 
+def _fp8_kv_eager_attention(module, query, key, value, attention_mask, **kwargs):
+    """The same for a model without an SDPA path: its own eager attention
+    (gpt-oss: the one that applies its sinks) over fp8-rounded keys and values."""
+    own_eager_attention = sys.modules[type(module).__module__].eager_attention_forward
+    mode = _rounding["mode"]
+    return own_eager_attention(
+        module, query, fp8_e4m3_round(key, mode), fp8_e4m3_round(value, mode), attention_mask, **kwargs
+    )
+
+
 def _attend_as_fp8_kv_cache(model) -> None:
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(FP8_KV_ATTENTION, _fp8_kv_attention)
-    model.set_attn_implementation(FP8_KV_ATTENTION)
+    AttentionInterface.register(FP8_KV_EAGER_ATTENTION, _fp8_kv_eager_attention)
+    # An implementation without a mask function of its own gets no mask at
+    # all: SDPA is then causal by itself, eager attention would attend to
+    # every position. Eager attention adds the mask eager_mask makes (causal,
+    # sliding windows included) to its scores.
+    AttentionMaskInterface.register(FP8_KV_EAGER_ATTENTION, eager_mask)
+    model.set_attn_implementation(FP8_KV_ATTENTION if model._supports_sdpa else FP8_KV_EAGER_ATTENTION)
 
 
 def _embeddings(model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,6 +416,7 @@ def generate_family_pair(
     with torch.no_grad():
         for weight in _embeddings(target):
             weight.copy_(torch.randn(weight.shape, generator=gen))
+    _exercise_biases_and_sinks(target, gen)
     target.config.architectures = [type(target).__name__]
     target.save_pretrained(str(target_dir))
     tp._write_tokenizer(target_dir)
