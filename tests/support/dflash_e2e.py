@@ -63,11 +63,18 @@ def shutdown_llm() -> None:
     _current["llm"] = _current["key"] = None
     if llm is None:
         return
+    client = llm.llm_engine.engine_core
     try:
-        llm.llm_engine.engine_core.shutdown()
+        client.shutdown()
     except Exception as e:  # pragma: no cover - best effort
         print(f"[e2e] engine shutdown raised {e!r}")
-    del llm
+    # After an engine died mid-request its client's sockets can still hold
+    # unsent messages; collecting the client's ZeroMQ context would then wait
+    # for them forever (Context.term), hanging the session's teardown.
+    ctx = getattr(client, "ctx", None)
+    if ctx is not None:
+        ctx.destroy(linger=0)
+    del llm, client
     gc.collect()
     try:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
