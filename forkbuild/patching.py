@@ -14,9 +14,9 @@ never searched for; a kept hunk that touches lines a left-out patch changed
 depends on that patch, which its `Depends-On:` field must declare (the build
 then leaves the dependent out too, and says so in the version).
 
-Reports about another vLLM release (the maintainer's `check --against`) use
-apply_patch_to_other_release: a hunk may stand elsewhere there only where its
-whole context stands at exactly one place. Builds never use it.
+Reports about another vLLM release (the maintainer's `check --against`)
+apply patches by other rules; that code lives with the maintainer tool
+(tools/fork_maintainer/other_release.py), not in the build.
 """
 
 from __future__ import annotations
@@ -182,11 +182,11 @@ def _parse_diff(name: str, diff: bytes) -> list[FileDiff]:
     return files
 
 
-def _blob_matches(expected: str, data: bytes) -> bool:
+def blob_matches(expected: str, data: bytes) -> bool:
     return git_blob_id(data).startswith(expected)
 
 
-def _hunk_start(hunk: Hunk) -> int:
+def hunk_start(hunk: Hunk) -> int:
     """0-based index of the hunk's first old line (insertion point when it has none)."""
     return max(hunk.old_start - 1, 0) if hunk.old_lines else hunk.old_start
 
@@ -199,7 +199,7 @@ def _check_hunk(patch: Patch, fd: FileDiff, lines: list[bytes], hunk: Hunk, pos:
         )
 
 
-def _splice(lines: list[bytes], fd: FileDiff, starts: list[int]) -> list[bytes]:
+def splice(lines: list[bytes], fd: FileDiff, starts: list[int]) -> list[bytes]:
     out: list[bytes] = []
     cursor = 0
     for hunk, pos in zip(fd.hunks, starts):
@@ -210,7 +210,7 @@ def _splice(lines: list[bytes], fd: FileDiff, starts: list[int]) -> list[bytes]:
     return out
 
 
-def _apply_file(patch: Patch, fd: FileDiff, current: bytes | None) -> bytes:
+def apply_file(patch: Patch, fd: FileDiff, current: bytes | None) -> bytes:
     """The strict application of one file's hunks, blob ids checked."""
     if fd.is_new:
         if current is not None:
@@ -218,12 +218,12 @@ def _apply_file(patch: Patch, fd: FileDiff, current: bytes | None) -> bytes:
         current = b""
     elif current is None:
         raise PatchError(f"patch {patch.name}: file {fd.path} is not in the base")
-    if not fd.is_new and not _blob_matches(fd.old_blob, current):
+    if not fd.is_new and not blob_matches(fd.old_blob, current):
         detail = ""
         lines = current.splitlines(keepends=True)
         try:
             for hunk in fd.hunks:
-                _check_hunk(patch, fd, lines, hunk, _hunk_start(hunk))
+                _check_hunk(patch, fd, lines, hunk, hunk_start(hunk))
         except PatchError as exc:
             detail = f"; first failing hunk: {exc}"
         raise PatchError(
@@ -232,11 +232,11 @@ def _apply_file(patch: Patch, fd: FileDiff, current: bytes | None) -> bytes:
             f"{fd.old_blob[:12]} (drifted base or patches out of order){detail}"
         )
     lines = current.splitlines(keepends=True)
-    starts = [_hunk_start(hunk) for hunk in fd.hunks]
+    starts = [hunk_start(hunk) for hunk in fd.hunks]
     for hunk, pos in zip(fd.hunks, starts):
         _check_hunk(patch, fd, lines, hunk, pos)
-    result = b"".join(_splice(lines, fd, starts))
-    if not _blob_matches(fd.new_blob, result):
+    result = b"".join(splice(lines, fd, starts))
+    if not blob_matches(fd.new_blob, result):
         raise PatchError(
             f"patch {patch.name}: file {fd.path}: result has blob "
             f"{git_blob_id(result)[:12]}, expected {fd.new_blob[:12]} (corrupt patch file)"
@@ -247,59 +247,7 @@ def _apply_file(patch: Patch, fd: FileDiff, current: bytes | None) -> bytes:
 def apply_patch(patch: Patch, files: dict[str, bytes]) -> dict[str, bytes]:
     """The files `patch` changes or adds, strictly applied to `files`
     (package-relative paths to bytes)."""
-    return {fd.path: _apply_file(patch, fd, files.get(fd.path)) for fd in patch.files}
-
-
-def places_of(run: list[bytes], lines: list[bytes]) -> list[int]:
-    """Every index at which `run` stands in `lines`, line for line."""
-    size = len(run)
-    return [i for i in range(len(lines) - size + 1) if lines[i : i + size] == run]
-
-
-def _unique_places(patch: Patch, fd: FileDiff, lines: list[bytes]) -> list[int]:
-    """Where each hunk's old lines stand in `lines`, when each stands at exactly one place, in order."""
-    starts: list[int] = []
-    lowest = 0
-    for hunk in fd.hunks:
-        size = len(hunk.old_lines)
-        places = places_of(hunk.old_lines, lines) if size else []
-        if len(places) != 1 or places[0] < lowest:
-            where = (
-                "nowhere"
-                if not places
-                else f"at {len(places)} places"
-                if len(places) > 1
-                else "only before an earlier hunk"
-            )
-            raise PatchError(
-                f"patch {patch.name} does not apply: file {fd.path}, hunk '{hunk.header}': "
-                f"its context stands {where} in this file"
-            )
-        starts.append(places[0])
-        lowest = places[0] + size
-    return starts
-
-
-def apply_patch_to_other_release(patch: Patch, files: dict[str, bytes]) -> tuple[dict[str, bytes], bool]:
-    """`patch` applied to another release's `files`, for reports only; True when a hunk moved.
-
-    A file with the blob the patch was written against is applied strictly. In
-    another file a hunk may stand elsewhere, but only where its whole context
-    stands at exactly one place (no fuzz, no nearest-match guess); builds never
-    take this path.
-    """
-    out: dict[str, bytes] = {}
-    moved = False
-    for fd in patch.files:
-        current = files.get(fd.path)
-        if fd.is_new or current is None or _blob_matches(fd.old_blob, current):
-            out[fd.path] = _apply_file(patch, fd, current)
-            continue
-        lines = current.splitlines(keepends=True)
-        starts = _unique_places(patch, fd, lines)
-        moved = moved or starts != [_hunk_start(hunk) for hunk in fd.hunks]
-        out[fd.path] = b"".join(_splice(lines, fd, starts))
-    return out, moved
+    return {fd.path: apply_file(patch, fd, files.get(fd.path)) for fd in patch.files}
 
 
 @dataclasses.dataclass
@@ -321,8 +269,8 @@ class _TwoCopies:
 
 def _carry(patch: Patch, fd: FileDiff, copies: _TwoCopies, keep: bool, left_out: list[str]) -> None:
     full_before = b"".join(copies.full) if copies.full is not None else None
-    full_after = _apply_file(patch, fd, full_before).splitlines(keepends=True)
-    starts = [_hunk_start(hunk) for hunk in fd.hunks]
+    full_after = apply_file(patch, fd, full_before).splitlines(keepends=True)
+    starts = [hunk_start(hunk) for hunk in fd.hunks]
     kept_starts: list[int] = []
     if keep:
         if copies.kept is None:
@@ -368,7 +316,7 @@ def _carry(patch: Patch, fd: FileDiff, copies: _TwoCopies, keep: bool, left_out:
         cursor = pos + len(hunk.old_lines)
     where.extend(w if w is None else w + shift for w in copies.where[cursor:])
     if keep:
-        copies.kept = _splice(copies.kept, fd, kept_starts)
+        copies.kept = splice(copies.kept, fd, kept_starts)
     copies.full, copies.where = full_after, where
 
 

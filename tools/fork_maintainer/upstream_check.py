@@ -15,7 +15,7 @@ import dataclasses
 
 from forkbuild import patching
 
-from . import samecode
+from . import other_release, samecode
 
 
 def _hunks_present(fd: patching.FileDiff, content: bytes) -> bool:
@@ -23,10 +23,10 @@ def _hunks_present(fd: patching.FileDiff, content: bytes) -> bool:
     stripped = [line.rstrip() for line in content.splitlines()]
     for hunk in fd.hunks:
         # The hunk's post-image (context and added lines) is there.
-        if not hunk.new_lines or patching.places_of(hunk.new_lines, lines):
+        if not hunk.new_lines or other_release.places_of(hunk.new_lines, lines):
             continue
         if not hunk.added_runs or not all(
-            patching.places_of([line.rstrip() for line in run], stripped) for run in hunk.added_runs
+            other_release.places_of([line.rstrip() for line in run], stripped) for run in hunk.added_runs
         ):
             return False
     return True
@@ -86,7 +86,7 @@ def check_series(
             report.append(PatchStatus(patch.name, "already in upstream"))
         else:
             try:
-                changed, moved = patching.apply_patch_to_other_release(patch, files)
+                changed, moved = other_release.apply_patch_to_other_release(patch, files)
                 files.update(changed)
                 report.append(PatchStatus(patch.name, "applies with offsets" if moved else "applies"))
             except patching.PatchError as exc:
