@@ -17,8 +17,8 @@ from . import patching, wheelzip
 from .base import find_base_wheel
 from .build_request import BuildRequest
 from .config import ForkConfig, Target
+from .metadata import PACKAGE, wheel_metadata
 
-PACKAGE = "vllm"
 PROVENANCE_PATH = "vllm/_fork_provenance.json"
 VERSION_PATH = "vllm/_version.py"
 # The fork's own package: the only place the overlay (the repository's vllm/) may hold files.
@@ -67,62 +67,6 @@ def _record_hash(data: bytes) -> str:
 
 
 # Fields of the base's METADATA that describe its publisher, not this fork.
-_PUBLISHER_FIELDS = {
-    "Author",
-    "Author-email",
-    "Maintainer",
-    "Maintainer-email",
-    "Home-page",
-    "Project-URL",
-    "Download-URL",
-    "Summary",
-    "Requires-Python",
-    "Description-Content-Type",
-}
-UPSTREAM_URL = "https://github.com/vllm-project/vllm"
-
-
-def _rewrite_metadata(metadata: str, config: ForkConfig, target: Target, version: str) -> str:
-    """The base's METADATA as this fork's: name, version, the fork's summary,
-    Requires-Python and README; the base's dependencies (rewritten where the
-    target says so); none of the base publisher's names or URLs."""
-    headers, _, _ = metadata.partition("\n\n")
-    unused = dict(target.requires_dist_rewrite)
-    lines = []
-    for line in headers.split("\n"):
-        key, _, value = line.partition(": ")
-        if key in _PUBLISHER_FIELDS:
-            continue
-        if key == "Name":
-            line = f"Name: {PACKAGE}"
-        elif key == "Version":
-            line = f"Version: {version}"
-        elif key == "Requires-Dist":
-            requirement, semi, marker = value.partition(";")
-            replacement = dict(target.requires_dist_rewrite).get(requirement.strip())
-            if replacement is not None:
-                unused.pop(requirement.strip(), None)
-                line = f"Requires-Dist: {replacement}" + (f";{marker}" if semi else "")
-        lines.append(line)
-        if key == "Version":
-            if config.summary:
-                lines.append(f"Summary: {config.summary}")
-            lines.append(f"Project-URL: Upstream, {UPSTREAM_URL}")
-            lines.append(f"Project-URL: Base wheel, https://pypi.org/project/{target.dist}/{target.version}/")
-            if config.requires_python:
-                lines.append(f"Requires-Python: {config.requires_python}")
-    if unused:
-        raise BuildError(
-            f"target {target.name!r}: requires-dist-rewrite rules matched nothing in the base "
-            f"METADATA: {sorted(unused)} (has the base changed?)"
-        )
-    readme = config.root / "README.md"
-    body = readme.read_text(encoding="utf-8") if readme.is_file() else ""
-    if body:
-        lines.append("Description-Content-Type: text/markdown")
-    return "\n".join(lines) + "\n\n" + body
-
-
 def version_module(version: str) -> bytes:
     release, _, local = version.partition("+")
     parts = [int(p) for p in release.split(".")] + ([local] if local else [])
@@ -232,7 +176,7 @@ def _members(request: BuildRequest, base: _Base, files: dict[str, bytes]):
         members.append(wheelzip.raw_member(base.archive, info, f"{dist_info}/{leaf}"))
         rows.append([f"{dist_info}/{leaf}"] + base.record.get(info.filename, ["", "", ""])[1:])
     target = request.target
-    metadata = _rewrite_metadata(
+    metadata = wheel_metadata(
         base.archive.read(f"{base.dist_info}/METADATA").decode(), request.config, target, request.version
     )
     wheel_meta = f"Wheel-Version: 1.0\nGenerator: vllm-fork-build\nRoot-Is-Purelib: false\nTag: {target.wheel_tag}\n"
@@ -276,4 +220,4 @@ def metadata_text(request: BuildRequest) -> str:
     base = _open_base(find_base_wheel(request.target, request.base), request.target)
     with base.archive:
         metadata = base.archive.read(f"{base.dist_info}/METADATA").decode()
-    return _rewrite_metadata(metadata, request.config, request.target, request.version)
+    return wheel_metadata(metadata, request.config, request.target, request.version)

@@ -46,7 +46,7 @@ import hashlib, os, sys
 from pathlib import Path
 
 h = hashlib.sha256(sys.argv[1].encode())
-files = [Path("pyproject.toml"), Path("setup.py")]
+files = [Path("pyproject.toml")]
 for folder in ("forkbuild", "patches", "vllm"):
     files += sorted(p for p in Path(folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 for path in files:

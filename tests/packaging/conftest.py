@@ -19,7 +19,6 @@ from forkrepo import REPO, ForkRepo, fork_config, make_base_wheel
 def fork_repo(tmp_path, monkeypatch) -> ForkRepo:
     root = tmp_path / "repo"
     root.mkdir()
-    shutil.copy(REPO / "setup.py", root / "setup.py")
     shutil.copy(REPO / "README.md", root / "README.md")
     # The synthetic fork starts at release 1 whatever the real one is now.
     pyproject = re.sub(r"(?m)^release = \d+$", "release = 1", (REPO / "pyproject.toml").read_text())

@@ -1,7 +1,7 @@
 """A throw-away copy of the fork's build, pointed at small synthetic base wheels.
 
-Each test gets a repository with this checkout's build code (setup.py,
-forkbuild/, tools/, pyproject.toml) and the same pinned filenames, but bases
+Each test gets a repository with this checkout's build code (forkbuild/,
+tools/, pyproject.toml) and the same pinned filenames, but bases
 made here in a few kilobytes, so no test downloads the real 100-250 MB wheels.
 """
 

@@ -247,7 +247,7 @@ def test_sdist_carries_what_the_wheel_build_needs(fork_repo, tmp_path):
     with tarfile.open(tmp_path / "sdist" / result.stdout.strip()) as tar:
         names = tar.getnames()
     root = result.stdout.strip()[: -len(".tar.gz")]
-    for needed in ("pyproject.toml", "setup.py", "forkbuild/assemble.py", "patches/series", "PKG-INFO"):
+    for needed in ("pyproject.toml", "forkbuild/backend.py", "forkbuild/assemble.py", "patches/series", "PKG-INFO"):
         assert f"{root}/{needed}" in names
 
 

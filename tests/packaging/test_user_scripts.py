@@ -13,7 +13,7 @@ import pytest
 from forkrepo import REPO
 
 # What tools/install_fork.sh builds the wheel and its installation from.
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "forkbuild", "patches", "vllm", "tools", "tests/requirements.txt")
+BUILD_INPUTS = ("pyproject.toml", "forkbuild", "patches", "vllm", "tools", "tests/requirements.txt")
 
 
 def test_serve_help_lists_the_arguments_and_environment():
