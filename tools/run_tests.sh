@@ -36,8 +36,7 @@ report_stages() {
 }
 trap report_stages EXIT
 
-WHEEL=$(bash tools/install_fork.sh cpu tests/requirements.txt)
-export VLLM_FORK_WHEEL=$WHEEL
+bash tools/install_fork.sh cpu tests/requirements.txt >/dev/null
 stage_done "install (venv, fork wheel, test requirements)" ok
 # --durations: the slowest tests (with xdist, a unit's engine start shows on its first test).
 PYTEST=("$VENV/bin/python" -m pytest -ra --durations=15)
