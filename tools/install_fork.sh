@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
 # Build this checkout's fork wheel and install it into a virtual environment.
-#   bash tools/install_fork.sh [cuda|cpu|auto] [extra requirement files...]
+#   bash tools/install_fork.sh [--reinstall | --check] [cuda|cpu|auto] [extra requirement files...]
 # auto (default): cuda when an NVIDIA GPU answers nvidia-smi, else cpu.
-# Env: VLLM_FORK_VENV (default .venv), PYTHON (default python3), and the
+# An install that is up to date (same target, sources, patches and pins as the last one
+# in this venv, and the same requirement files unless none are given) is kept as it is.
+#   --reinstall   build and install it again even so
+#   --check       only say whether it is up to date (exit 0 up to date, 3 not)
+# Env (docs/settings.md): VLLM_FORK_VENV (default .venv), PYTHON (default python3), and the
 # build's own VLLM_FORK_BASE_WHEEL / VLLM_FORK_OFFLINE for offline machines.
 # VLLM_FORK_VENV_SYSTEM_SITE=1 creates the venv with --system-site-packages,
 # so an image's own torch (e.g. a CUDA build on an offline GPU box) is used.
 # VLLM_FORK_INSTALLER=uv|pip|auto (default auto: uv unless offline) installs the wheel.
-# An install that is up to date (same target, sources, patches and pins as the last one
-# in this venv, and the same requirement files unless none are given) is kept as it is; VLLM_FORK_REINSTALL=1 redoes it,
-# VLLM_FORK_INSTALL_CHECK=1 only reports it (exit 0 up to date, 3 not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VLLM_FORK_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
+for gone in VLLM_FORK_REINSTALL VLLM_FORK_INSTALL_CHECK; do
+  if [ -n "${!gone:-}" ]; then
+    echo "install_fork.sh: $gone is no longer read: pass --reinstall or --check instead (unset $gone)" >&2
+    exit 2
+  fi
+done
+REINSTALL=0 CHECK_ONLY=0 POSITIONAL=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --reinstall) REINSTALL=1 ;;
+    --check) CHECK_ONLY=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "install_fork.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) POSITIONAL+=("$1") ;;
+  esac
+  shift
+done
+if [ "$REINSTALL" = 1 ] && [ "$CHECK_ONLY" = 1 ]; then
+  echo "install_fork.sh: --reinstall and --check exclude each other" >&2
+  exit 2
+fi
+set -- "${POSITIONAL[@]+"${POSITIONAL[@]}"}"
 TARGET=${1:-auto}
 shift || true
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -36,7 +59,7 @@ fi
 
 # What the wheel and its installation are made from. When none of it changed
 # since this venv's last install and that wheel is still there, the install is
-# up to date: nothing is built or installed again (VLLM_FORK_REINSTALL=1 does).
+# up to date: nothing is built or installed again (--reinstall does).
 # The extra requirement files count apart: an install asked for without them
 # keeps one made with them (tools/serve.sh after tools/run_tests.sh), since
 # reinstalling the fork under running engines breaks their imports.
@@ -75,19 +98,19 @@ STAMP="$VENV/.vllm-fork-install"
 FINGERPRINT=$(fingerprint)
 REQS_FINGERPRINT=$(requirements_fingerprint "$@")
 up_to_date() {
-  [ "${VLLM_FORK_REINSTALL:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$FINGERPRINT" ] || return 1
+  [ "$REINSTALL" != 1 ] && [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$FINGERPRINT" ] || return 1
   [ "$REQS_FINGERPRINT" = none ] || [ "$(sed -n 3p "$STAMP")" = "$REQS_FINGERPRINT" ] || return 1
   WHEEL=$(sed -n 2p "$STAMP")
   [ -f "$WHEEL" ] && "$VENV/bin/python" -c 'import importlib.metadata as m, sys, vllm.fork.info
 sys.exit(m.version("vllm") != sys.argv[1])' "$(basename "$WHEEL" | cut -d- -f2)" 2>/dev/null
 }
 if up_to_date; then
-  step "up to date: $(basename "$WHEEL") is installed in $VENV and nothing it is made from changed (VLLM_FORK_REINSTALL=1 installs it again)"
+  step "up to date: $(basename "$WHEEL") is installed in $VENV and nothing it is made from changed (--reinstall installs it again)"
   echo "$WHEEL"
   exit 0
 fi
-# VLLM_FORK_INSTALL_CHECK=1: only say whether the install is up to date (exit 0 above, else 3).
-if [ "${VLLM_FORK_INSTALL_CHECK:-0}" = 1 ]; then
+# --check: only say whether the install is up to date (exit 0 above, else 3).
+if [ "$CHECK_ONLY" = 1 ]; then
   step "not up to date: $VENV needs the fork built and installed"
   exit 3
 fi

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The main command: install the fork for this machine and serve DFlash with an fp8 KV cache.
-#   bash tools/serve.sh                         # embedded tiny target + DFlash pair (offline)
-#   bash tools/serve.sh TARGET DRAFT [vllm serve args...]
+#   bash tools/serve.sh [OPTIONS]                         # embedded tiny target + DFlash pair (offline)
+#   bash tools/serve.sh [OPTIONS] TARGET DRAFT [vllm serve args...]
 #   e.g. bash tools/serve.sh Qwen/Qwen3-8B z-lab/Qwen3-8B-DFlash-b16 --max-model-len 8192
 #   bash tools/serve.sh --help                  # this text
+# Options (before TARGET):
+#   --device auto|cuda|cpu  the fork's build to install: auto (default) is CUDA if nvidia-smi sees a GPU
+#   --reinstall             build and install the fork again even if it is up to date
 # The embedded pair is a tiny target trained on The Zen of Python and a DFlash drafter trained
 # against it: it goes on with a line of that text, and its drafts are mostly accepted. The
 # first run trains it (about 80 s on 2 cores, in .cache/default-pair) and builds and
@@ -11,20 +14,30 @@
 # Env:
 #   PORT                    port on 127.0.0.1 (8000)
 #   NUM_SPEC_TOKENS         draft tokens per step (the drafter's block_size - 1, else 15)
-#   VLLM_FORK_TARGET        auto (CUDA if nvidia-smi sees a GPU), cuda or cpu
 #   VLLM_CPU_KVCACHE_SPACE  KV cache in GiB on CPU (2 here; vLLM's default wants 92 % of memory)
 #   VLLM_FORK_VENV          the virtual environment (.venv)
-#   VLLM_FORK_REINSTALL=1   build and install the fork again even if it is up to date
 # plus everything tools/install_fork.sh and vllm serve read.
 set -euo pipefail
-case "${1:-}" in
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-esac
+for gone in VLLM_FORK_TARGET VLLM_FORK_REINSTALL; do
+  if [ -n "${!gone:-}" ]; then
+    echo "serve.sh: $gone is no longer read: pass --device or --reinstall instead (unset $gone)" >&2
+    exit 2
+  fi
+done
+DEVICE=auto INSTALL_OPTIONS=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --device) DEVICE=${2:?--device needs auto, cuda or cpu}; shift 2 ;;
+    --reinstall) INSTALL_OPTIONS+=(--reinstall); shift ;;
+    *) break ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VLLM_FORK_VENV:-$ROOT/.venv}
 PORT=${PORT:-8000}
-bash tools/install_fork.sh "${VLLM_FORK_TARGET:-auto}" >/dev/null
+bash tools/install_fork.sh "${INSTALL_OPTIONS[@]+"${INSTALL_OPTIONS[@]}"}" "$DEVICE" >/dev/null
 PY="$VENV/bin/python"
 
 if [ $# -ge 2 ]; then
@@ -36,7 +49,7 @@ elif [ $# -eq 0 ]; then
   "$PY" -m vllm.fork.tiny_pairs --out "$PAIR" --acceptance text | tail -n 1
   TARGET_MODEL=$PAIR/target DRAFT_MODEL=$PAIR/draft
 else
-  echo "usage: bash tools/serve.sh [TARGET DRAFT [vllm serve args...]]" >&2
+  echo "usage: bash tools/serve.sh [--device auto|cuda|cpu] [--reinstall] [TARGET DRAFT [vllm serve args...]]" >&2
   exit 2
 fi
 

@@ -25,9 +25,9 @@ def test_serve_help_lists_the_arguments_and_environment():
         "TARGET DRAFT",
         "PORT",
         "NUM_SPEC_TOKENS",
-        "VLLM_FORK_TARGET",
+        "--device auto|cuda|cpu",
         "VLLM_CPU_KVCACHE_SPACE",
-        "VLLM_FORK_REINSTALL",
+        "--reinstall",
         "The Zen of Python",
     ):
         assert word in result.stdout, (word, result.stdout)
@@ -54,20 +54,19 @@ def test_install_is_kept_while_nothing_changed_and_redone_after_a_change(tmp_pat
     if not (venv / ".vllm-fork-install").is_file():
         pytest.skip(f"{venv} was not installed by tools/install_fork.sh")
     repo = _copy_of_the_build_inputs(tmp_path / "repo")
-    env = {**os.environ, "VLLM_FORK_VENV": str(venv), "VLLM_FORK_INSTALL_CHECK": "1"}
-    env.pop("VLLM_FORK_REINSTALL", None)
-    command = ["bash", "tools/install_fork.sh", "cpu", "tests/requirements.txt"]
+    env = {**os.environ, "VLLM_FORK_VENV": str(venv)}
+    command = ["bash", "tools/install_fork.sh", "--check", "cpu", "tests/requirements.txt"]
 
     same = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert same.returncode == 0, same.stderr
     assert "up to date" in same.stderr and same.stdout.strip().endswith(".whl"), same.stderr
     # As tools/serve.sh asks, without requirement files: the install made with
     # them is kept (a reinstall would pull files from under running engines).
-    no_reqs = subprocess.run(command[:3], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    no_reqs = subprocess.run(command[:4], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert no_reqs.returncode == 0 and "up to date" in no_reqs.stderr, no_reqs.stderr
     other = tmp_path / "other-requirements.txt"
     other.write_text("six\n")
-    more = subprocess.run([*command[:3], str(other)], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    more = subprocess.run([*command[:4], str(other)], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert more.returncode == 3, more.stderr
 
     series = repo / "patches" / "series"
@@ -75,3 +74,39 @@ def test_install_is_kept_while_nothing_changed_and_redone_after_a_change(tmp_pat
     changed = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert changed.returncode == 3, changed.stderr
     assert "not up to date" in changed.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "variable", "option"),
+    [
+        ("install_fork.sh", "VLLM_FORK_REINSTALL", "--reinstall"),
+        ("install_fork.sh", "VLLM_FORK_INSTALL_CHECK", "--check"),
+        ("serve.sh", "VLLM_FORK_REINSTALL", "--reinstall"),
+        ("serve.sh", "VLLM_FORK_TARGET", "--device"),
+    ],
+)
+def test_a_switch_that_became_an_option_is_refused_with_its_option(script, variable, option, tmp_path):
+    """Set as the scripts once read it, the variable would now be ignored
+    without a word: it stops the script before anything is made."""
+    env = {**os.environ, variable: "1", "VLLM_FORK_VENV": str(tmp_path / "venv")}
+    result = subprocess.run(["bash", str(REPO / "tools" / script)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and f"{variable} is no longer read" in result.stderr, result.stderr
+    assert option in result.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_install_options_are_checked_before_anything_is_made(tmp_path):
+    env = {**os.environ, "VLLM_FORK_VENV": str(tmp_path / "venv")}
+    for args, message in (
+        (["--frobnicate"], "unknown option --frobnicate"),
+        (["--reinstall", "--check"], "exclude each other"),
+    ):
+        result = subprocess.run(
+            ["bash", str(REPO / "tools" / "install_fork.sh"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "venv").exists()
