@@ -23,18 +23,12 @@ if ! unshare -n true 2>/dev/null; then
   echo "check_offline_kits.sh: \`unshare -n\` does not work here: run as root (or in a container started with --network none, running the install steps by hand)" >&2
   exit 2
 fi
-PY=""
-for candidate in "python$PY_VERSION" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$PY_VERSION"*/bin/python"$PY_VERSION"; do
-  # A pyenv shim is on PATH but fails unless that version is selected: take one that runs.
-  if "$candidate" -c 'import sys' >/dev/null 2>&1; then PY=$(command -v "$candidate"); break; fi
-done
+source tools/lib/find_python.sh
+PY=$(find_python "$PY_VERSION") || PY=""
 [ -n "$PY" ] || { echo "check_offline_kits.sh: no Python $PY_VERSION that runs (PATH or pyenv)" >&2; exit 2; }
 
-PHASES=()
-phase_start=$SECONDS
-phase() { PHASES+=("$(printf '%-58s %5ds' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
-report() { printf '\n==> phase times (total %ds)\n' "$SECONDS"; printf '    %s\n' "${PHASES[@]}"; }
-trap report EXIT
+source tools/lib/stage_timer.sh
+trap 'stage_report "phase times"' EXIT
 # No network but loopback, as on an air-gapped box (a new namespace's lo is down;
 # vLLM's workers meet over 127.0.0.1).
 offline() { unshare -n sh -c 'ip link set lo up && exec "$@"' offline "$@"; }
@@ -45,13 +39,13 @@ mkdir -p "$WORK"
 
 step "CPU kit: make (torch included, 60 MiB parts)"
 bash tools/make_offline_kit.sh --python "$PY_VERSION" --target cpu --split 60M "$WORK/cpu-kit"
-phase "make the CPU kit ($(du -sh "$WORK/cpu-kit" | cut -f1), $(ls "$WORK/cpu-kit/parts" | wc -l) parts)"
+stage_done "make the CPU kit ($(du -sh "$WORK/cpu-kit" | cut -f1), $(ls "$WORK/cpu-kit/parts" | wc -l) parts)"
 step "CPU kit: install with no network"
 offline bash "$WORK/cpu-kit/install.sh" "$WORK/cpu-venv" --python "$PY"
-phase "install the CPU kit, no network"
+stage_done "install the CPU kit, no network"
 step "CPU kit: DFlash + fp8 KV smoke test with no network"
 (cd "$WORK" && offline "$WORK/cpu-venv/bin/python" "$WORK/cpu-venv/vllm-fork-src/tools/smoke_fork.py")
-phase "smoke test (DFlash + fp8 KV), no network"
+stage_done "smoke test (DFlash + fp8 KV), no network"
 rm -rf "$WORK/cpu-venv"
 
 step "CUDA kit: make (system torch, with the test and benchmark requirements, 60 MiB parts)"
@@ -59,15 +53,15 @@ step "CUDA kit: make (system torch, with the test and benchmark requirements, 60
 bash tools/make_offline_kit.sh --python "$PY_VERSION" --target cuda --use-system-torch \
   --with-requirements tests/requirements.txt --with-requirements benchmarks/requirements.txt \
   --split 60M "$WORK/cuda-kit"
-phase "make the CUDA kit ($(du -sh "$WORK/cuda-kit" | cut -f1), $(ls "$WORK/cuda-kit/parts" | wc -l) parts)"
+stage_done "make the CUDA kit ($(du -sh "$WORK/cuda-kit" | cut -f1), $(ls "$WORK/cuda-kit/parts" | wc -l) parts)"
 step "a venv with torch 2.11.0 already in it, as a GPU image has (network)"
 TORCH=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$WORK/cuda-kit/kit.json")
 "$PY" -m venv "$WORK/cuda-venv"
 "$WORK/cuda-venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH"
-phase "the image's torch $TORCH (network)"
+stage_done "the image's torch $TORCH (network)"
 step "CUDA kit: install with no network"
 offline bash "$WORK/cuda-kit/install.sh" "$WORK/cuda-venv"
-phase "install the CUDA kit, no network"
+stage_done "install the CUDA kit, no network"
 step "CUDA kit: import vllm, vllm --version, vllm.fork.info, pytest tests/gpu with no network"
 SRC=$WORK/cuda-venv/vllm-fork-src
 offline "$WORK/cuda-venv/bin/python" -c 'import vllm; print("import vllm:", vllm.__version__)'
@@ -84,7 +78,7 @@ fi
 offline "$WORK/cuda-venv/bin/python" -m vllm.fork.info
 offline "$WORK/cuda-venv/bin/python" -c 'import matplotlib, pytest, openai; print("benchmark plot and test requirements: importable")'
 (cd "$SRC" && offline "$WORK/cuda-venv/bin/python" -m pytest -ra -p no:cacheprovider tests/gpu)
-phase "CUDA kit checks (tests/gpu skip without a GPU), no network"
+stage_done "CUDA kit checks (tests/gpu skip without a GPU), no network"
 rm -rf "$WORK/cuda-venv"
 echo
 echo "offline kits: both installed and ran with no network; kits in $WORK"

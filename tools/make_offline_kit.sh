@@ -47,17 +47,7 @@ for req in "${REQS[@]}"; do [ -f "$req" ] || { echo "make_offline_kit.sh: no req
 
 # The interpreter the kit is for: markers such as python_version are evaluated
 # by the Python that resolves, so the resolution runs on that very version.
-find_python() {
-  local v=$1 candidate
-  if [ -z "$v" ]; then command -v python3; return; fi
-  for candidate in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v"*/bin/python"$v"; do
-    # A pyenv shim is on PATH but fails unless that version is selected: take one that runs.
-    if "$candidate" -c 'import sys' >/dev/null 2>&1; then
-      command -v "$candidate"; return
-    fi
-  done
-  return 1
-}
+source tools/lib/find_python.sh
 PY=$(find_python "$PY_VERSION") || {
   echo "make_offline_kit.sh: no Python $PY_VERSION here (neither python$PY_VERSION on PATH nor under pyenv's versions): install it, or name another with --python" >&2
   exit 2

@@ -32,9 +32,7 @@ LOG=$REPORT/log.txt
 left() { echo $((BUDGET - SECONDS)); }
 note() { printf '\n==> %s (%ss left of %ss)\n' "$*" "$(left)" "$BUDGET" | tee -a "$LOG"; }
 
-PHASES=()
-phase_start=$SECONDS
-phase() { PHASES+=("$(printf '%-40s %5ds' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
+source tools/lib/stage_timer.sh
 if [ -n "${VLLM_FORK_KIT:-}" ]; then
   # An offline kit (tools/make_offline_kit.sh) brings every wheel: nothing is fetched.
   note "installing the offline kit $VLLM_FORK_KIT into $VENV"
@@ -48,7 +46,7 @@ else
   "$VENV/bin/python" -m pip install -q -r benchmarks/requirements.txt >>"$LOG" 2>&1 \
     || echo "matplotlib not installed: the benchmark writes no PNG" | tee -a "$LOG"
 fi
-phase "install"
+stage_done "install"
 "$VENV/bin/python" -m vllm.fork.info 2>&1 | tee -a "$LOG"
 nvidia-smi >>"$LOG" 2>&1 || true
 
@@ -62,7 +60,7 @@ VLLM_FORK_GPU_MATRIX=${VLLM_FORK_GPU_MATRIX:-quick} VLLM_FORK_GPU_REPORT_DIR=$RE
 tests_status=${PIPESTATUS[0]}
 set -e
 if [ "$tests_status" -eq 124 ]; then echo "tests/gpu ran out of its ${TESTS_S}s" | tee -a "$LOG"; fi
-phase "tests/gpu"
+stage_done "tests/gpu"
 
 BENCH_LEFT=$(left)
 if [ "$BENCH_LEFT" -lt 60 ]; then BENCH_LEFT=60; fi
@@ -75,7 +73,7 @@ timeout --signal=INT --kill-after=30 "$BENCH_LEFT" \
   | tee "$REPORT/bench.txt" | tee -a "$LOG"
 bench_status=${PIPESTATUS[0]}
 set -e
-phase "benchmark"
+stage_done "benchmark"
 
 {
   echo "# GPU check: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -84,7 +82,7 @@ phase "benchmark"
   echo
   echo "Phase times (budget ${BUDGET}s):"
   echo '```'
-  printf '%s\n' "${PHASES[@]}"
+  printf '%s\n' "${STAGES[@]}"
   # Each test module's time, from the JUnit report: what to plan the next budget by.
   "$VENV/bin/python" - "$REPORT/report.xml" <<'PY' || true
 import collections, sys, xml.etree.ElementTree as ET

@@ -23,18 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_FORK_VENV:-$PWD/.venv}
 
-STAGES=()
-stage_start=$SECONDS
-# stage_done NAME STATUS: record how long the stage since the last one took.
-stage_done() {
-  STAGES+=("$(printf '%-44s %5ds  %s' "$1" $((SECONDS - stage_start)) "$2")")
-  stage_start=$SECONDS
-}
-report_stages() {
-  printf '\n==> stage times (total %ds)\n' "$SECONDS"
-  printf '    %s\n' "${STAGES[@]}"
-}
-trap report_stages EXIT
+source tools/lib/stage_timer.sh
+trap stage_report EXIT
 
 bash tools/install_fork.sh cpu tests/requirements.txt >/dev/null
 stage_done "install (venv, fork wheel, test requirements)" ok
