@@ -154,6 +154,7 @@ def test_greedy_dflash_is_lossless(kv_dtype, dflash, reference, measurements):
 # auto only: two more engines per KV dtype would be too many for 2 cores; fp8
 # KV is checked exactly in float32 by tests/serve_load (its server against
 # its target-only reference engine, under load).
+@pytest.mark.auto_kv_only
 def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
     """float32: DFlash == target-only token for token, no near-tie allowed.
     The trained pair (a confident random target, a drafter trained on it):
