@@ -8,6 +8,7 @@ Functions that run inside the engine's worker process (via
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import hashlib
@@ -84,6 +85,29 @@ def shutdown_llm() -> None:
         print(f"[e2e] cleanup_dist_env_and_memory raised {e!r}")
 
 
+@contextlib.contextmanager
+def _no_dynamo_if_eager(enforce_eager: bool):
+    """TORCHDYNAMO_DISABLE=1 for the processes an eager engine spawns.
+
+    An eager engine still compiles a few helpers with Inductor, the random
+    sampler first (the start-up's dummy sampler run calls it), and on CPU the
+    first compile of a process costs about 10 s: Inductor checks that each
+    vector ISA loads by importing torch in a Python subprocess per ISA
+    variant. That was half of an engine's start here, and the suite starts
+    dozens. The helpers run eagerly instead: greedy decoding never samples
+    at random, and a test's DFlash engine and its target-only reference run
+    the same code either way. vllm serve tests, the compiled-model tests and
+    non-eager engines keep vLLM's default."""
+    if not enforce_eager or "TORCHDYNAMO_DISABLE" in os.environ:
+        yield
+        return
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["TORCHDYNAMO_DISABLE"]
+
+
 def start_llm(key, **kwargs):
     """Start an engine (reusing the live one if ``key`` matches)."""
     if _current["key"] == key and _current["llm"] is not None:
@@ -98,7 +122,8 @@ def start_llm(key, **kwargs):
     kwargs.setdefault("enforce_eager", True)
     kwargs.setdefault("disable_log_stats", False)
     t0 = time.monotonic()
-    llm = LLM(**kwargs)
+    with _no_dynamo_if_eager(kwargs["enforce_eager"]):
+        llm = LLM(**kwargs)
     print(f"[e2e] engine {key} started in {time.monotonic() - t0:.1f} s")
     _current["llm"], _current["key"] = llm, key
     return llm
