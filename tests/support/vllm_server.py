@@ -180,7 +180,11 @@ def still_running(proc: psutil.Process) -> bool:
 
 
 class VllmServer:
-    """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port."""
+    """One `vllm serve MODEL ARGS...` on 127.0.0.1 with a free port.
+
+    ``headless=True``: a node that serves no API (`--headless`, the other
+    nodes of a multi-node run); start() only starts it, the head node's
+    health says when both are up."""
 
     def __init__(
         self,
@@ -189,10 +193,13 @@ class VllmServer:
         log_path: Path,
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
+        headless: bool = False,
     ):
+        self.headless = headless
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.cmd = vllm_cli() + ["serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        endpoint = ["--headless"] if headless else ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.cmd = vllm_cli() + ["serve", model, *endpoint, *args]
         self.log_path = Path(log_path)
         self.tag = uuid.uuid4().hex
         # Settings of the test process's own offline engines stay there: a
@@ -267,6 +274,8 @@ class VllmServer:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> VllmServer:
         self.spawn()
+        if self.headless:
+            return self
         for attempt in range(PORT_ATTEMPTS):
             try:
                 self.wait_healthy(timeout)
@@ -393,6 +402,19 @@ class VllmServer:
 
     def model_id(self) -> str:
         return json.loads(self.get("/v1/models")[1])["data"][0]["id"]
+
+    def metrics_by_engine(self, name: str) -> dict[str, float]:
+        """{engine label: value} of the counter ``name`` (one engine per
+        data-parallel rank)."""
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}: {text[:500]}")
+        out: dict[str, float] = {}
+        for _, sample in _samples(text):
+            if sample.name == name:
+                engine = sample.labels.get("engine", "")
+                out[engine] = out.get(engine, 0.0) + sample.value
+        return out
 
     def metrics(self) -> dict[str, float]:
         status, text = self.get("/metrics")
