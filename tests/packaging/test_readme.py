@@ -63,6 +63,12 @@ README_COMMANDS = {
     "VLLM_CPU_KVCACHE_SPACE=2 vllm serve fam/target ": "tests/cpu_e2e/test_dflash_families.py::test_readme_family_commands_serve_the_hybrid_moe_target",
     "VLLM_CPU_KVCACHE_SPACE=2 vllm serve pair/target ": "tests/cpu_e2e/test_readme_quickstart.py",
     "VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=": "tests/cpu_e2e/test_dflash_tensor_parallel.py::test_served_api_with_tp2",
+    'VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="0-15|16-31" vllm serve pair/target --kv-cache-dtype fp8 '
+    "--enforce-eager --data-parallel-size 2": "tests/cpu_e2e/test_dflash_scale_out.py::test_data_parallel_in_one_server",
+    'VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="0-31" vllm serve pair/target --kv-cache-dtype fp8 '
+    "--enforce-eager --tensor-parallel-size 2": "tests/cpu_e2e/test_dflash_scale_out.py::test_tensor_parallel_across_two_nodes",
+    'VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="0-31" vllm serve pair/target --kv-cache-dtype fp8 '
+    "--enforce-eager --data-parallel-size 2": "tests/cpu_e2e/test_dflash_scale_out.py::test_data_parallel_across_two_nodes",
     "curl -s http://127.0.0.1:8000/": "tests/cpu_e2e/test_readme_quickstart.py",
     'pip install "git+https://': "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
     "VLLM_TARGET_DEVICE=cpu pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
@@ -87,6 +93,7 @@ def test_every_readme_command_is_exercised_somewhere():
     (file, and function where named) exists."""
     unmapped, missing = [], []
     for command in bash_commands():
+        command = " ".join(command.split())  # continuation lines leave runs of spaces
         where = next(
             (v for k, v in sorted(README_COMMANDS.items(), key=lambda kv: -len(kv[0])) if command.startswith(k)), None
         )
