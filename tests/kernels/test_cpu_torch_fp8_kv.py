@@ -222,6 +222,23 @@ def test_cache_holds_fp8_bytes_of_value_over_scale():
     assert torch.equal(raw.view(torch.float8_e5m2).double() * 0.25, case.keys[req][pos])
 
 
+@pytest.mark.needs_patch("0012")
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_every_fp8_byte_reads_back_as_torch_converts_it(fp8):
+    """The read converts fp8 bytes by moving their bits into float32s, not
+    through torch's conversion: every one of the 256 bytes (subnormals,
+    zeros of both signs, NaN and, in e5m2, infinities included) times a
+    scale gives torch's value, bit for bit."""
+    from vllm.v1.attention.backends.cpu_attn_torch_fp8 import dequantize
+
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    for scale in (1.0, 0.37, 3.0e-3, 17.0):
+        got = dequantize(every_byte, scale, fp8)
+        want = every_byte.view(fp8).float() * scale
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        assert same.all(), (scale, every_byte[~same].tolist(), got[~same].tolist(), want[~same].tolist())
+
+
 _CHILD = """
 import torch
 from vllm.platforms import current_platform
