@@ -10,7 +10,11 @@ same rows non-causal as the drafter reads them):
 
 - ``kernel auto``: the compiled kernel with a bf16 cache (every CPU);
 - ``kernel fp8``:  the compiled kernel with an fp8 cache (AVX-512/AMX only);
-- ``torch fp8``:   the torch path that CPUs without AVX-512 take.
+- ``torch fp8``:   the torch path that CPUs without AVX-512 take;
+- ``torch fp8, element-wise convert``: the same path reading the cache
+  through torch's element-wise fp8 conversion, as it did before it moved
+  the bits itself (``torch fp8 / torch fp8, element-wise convert``: that
+  change's gain).
 
 and prints the ratios ``torch fp8 / kernel fp8`` (the cost of the AVX2 path
 against the AVX-512 path on the same machine, where it has AVX-512) and
@@ -62,6 +66,13 @@ def _kernel_isa(dtype, block_size, head_size, kv_dtype, standalone: bool) -> str
     return "vec" if block_size % 32 == 0 else "vec16"
 
 
+ELEMENTWISE = "torch fp8, element-wise convert"
+
+
+def _elementwise_dequantize(raw: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
+    return raw.view(fp8).float().mul_(scale)
+
+
 def _median_s(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -107,8 +118,14 @@ def bench(args) -> dict:
     if kernels_fp8:
         configs.append(("kernel fp8", "fp8", "kernel"))
     configs.append(("torch fp8", "fp8", "torch"))
+    # The same path reading the cache through torch's element-wise fp8
+    # conversion, as it did before it moved the bits itself: before/after
+    # of that change in this one run.
+    configs.append((ELEMENTWISE, "fp8", "torch"))
     results: dict[str, dict] = {}
+    fast_dequantize = torch_fp8.dequantize
     for name, kv_dtype, path in configs:
+        torch_fp8.dequantize = _elementwise_dequantize if name == ELEMENTWISE else fast_dequantize
         isa = _kernel_isa(dtype, bs, hd, kv_dtype, standalone)
         cache_dtype = dtype if kv_dtype == "auto" else torch.uint8
         cache = torch.zeros(2, num_blocks, kv_heads, bs, hd, dtype=cache_dtype)
@@ -176,13 +193,14 @@ def bench(args) -> dict:
             row["causal_read_s" if causal else "noncausal_read_s"] = _median_s(read, args.repeats)
         results[name] = row
         print(
-            f"{name:12s} isa={row['isa']:6s} write {row['write_s'] * 1e3:8.3f} ms  "
+            f"{name:30s} isa={row['isa']:6s} write {row['write_s'] * 1e3:8.3f} ms  "
             f"causal read {row['causal_read_s'] * 1e3:8.3f} ms  "
             f"non-causal read {row['noncausal_read_s'] * 1e3:8.3f} ms"
         )
 
+    torch_fp8.dequantize = fast_dequantize
     ratios = {}
-    for base in ("kernel fp8", "kernel auto"):
+    for base in ("kernel fp8", "kernel auto", ELEMENTWISE):
         if base in results:
             ratios[f"torch fp8 / {base}"] = {
                 k: round(results["torch fp8"][k] / results[base][k], 2)
