@@ -66,7 +66,7 @@ ARGS=(--kit "$WORK/kit" --target "$TARGET" --root "$ROOT")
 [ "$SYSTEM_TORCH" = 1 ] && ARGS+=(--use-system-torch)
 [ -n "$SPLIT" ] && ARGS+=(--split "$SPLIT")
 for req in "${REQS[@]}"; do ARGS+=(--with-requirements "$req"); done
-"$WORK/maker/bin/python" tools/offline_kit.py "${ARGS[@]}"
+"$WORK/maker/bin/python" tools/offline_kit/make.py "${ARGS[@]}"
 
 rmdir "$OUT" 2>/dev/null || true
 mv "$WORK/kit" "$OUT"

@@ -2,7 +2,7 @@
 
 What a real kit adds is only more wheels: the fork's, resolved and downloaded
 by tools/make_offline_kit.sh. That end to end run (a CPU and a CUDA kit, each
-installed with no network and checked) is tools/check_offline_kits.sh, a CI job
+installed with no network and checked) is tools/ci/check_offline_kits.sh, a CI job
 of its own (README, "Offline install"). Here: the split and its manifest, the
 installer's checks (missing or corrupt part, wheel off the lock, wrong Python,
 missing system torch, a dependency the kit lacks), that a failed install leaves
@@ -32,7 +32,7 @@ def _load(name: str, path: Path):
     return module
 
 
-offline_kit = _load("offline_kit", REPO / "tools" / "offline_kit.py")
+offline_kit = _load("offline_kit", REPO / "tools" / "offline_kit" / "make.py")
 PYTHON = "{}.{}".format(*sys.version_info[:2])
 
 
@@ -72,7 +72,7 @@ def make_toy_kit(kit: Path, *, split: str = "", system_torch: bool = False, pyth
     _wheel(wheels, "kit_dependency", "1.0", {"kit_dependency.py": "VALUE = 42\n"})
     lines = offline_kit.write_lock(wheels, kit / "requirements.lock")
     with tarfile.open(kit / "src.tar", "w") as tar:
-        tar.add(REPO / "tools" / "offline_kit.py", arcname="tools/offline_kit.py")
+        tar.add(REPO / "tools" / "offline_kit" / "make.py", arcname="tools/offline_kit/make.py")
     (kit / "kit.json").write_text(
         json.dumps(
             {
@@ -128,7 +128,7 @@ def test_split_kit_installs_with_no_network_and_runs(tmp_path):
     result = install(kit, venv)
     assert result.returncode == 0, result.stderr
     assert "toy fork 42" in result.stdout
-    assert (venv / "vllm-fork-src" / "tools" / "offline_kit.py").is_file()
+    assert (venv / "vllm-fork-src" / "tools" / "offline_kit" / "make.py").is_file()
     if not _no_network():
         pytest.skip("installed with --no-index only: `unshare -n` needs root here")
 

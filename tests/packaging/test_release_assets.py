@@ -1,4 +1,4 @@
-"""tools/release_assets.py, which .github/workflows/release.yml runs on a
+"""tools/ci/release_assets.py, which .github/workflows/release.yml runs on a
 pushed tag, on a synthetic fork: the files a release carries and the tag
 check that stops a release of the wrong number."""
 
@@ -14,7 +14,7 @@ TAG = "v0.21.0-dflashfp8.1"  # the synthetic fork is release 1 of 0.21.0
 
 def _release(fork_repo, *args):
     return subprocess.run(
-        [sys.executable, "tools/release_assets.py", *args], cwd=fork_repo.root, capture_output=True, text=True
+        [sys.executable, "tools/ci/release_assets.py", *args], cwd=fork_repo.root, capture_output=True, text=True
     )
 
 
@@ -57,5 +57,5 @@ def test_a_failed_build_leaves_no_release_directory(fork_repo, tmp_path, monkeyp
 
 def test_the_release_workflow_runs_the_tool_on_tags():
     workflow = (REPO / ".github" / "workflows" / "release.yml").read_text()
-    assert "python tools/release_assets.py --tag" in workflow
+    assert "python tools/ci/release_assets.py --tag" in workflow
     assert "tags:" in workflow and "contents: write" in workflow

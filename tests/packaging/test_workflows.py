@@ -34,8 +34,8 @@ def test_cpu_workflow_and_ci_run_use_the_readme_test_command():
 
 def test_offline_kit_workflow_runs_the_kit_proof():
     workflow = (REPO / ".github" / "workflows" / "offline-kit.yml").read_text()
-    assert "bash tools/check_offline_kits.sh" in workflow and "unshare -n" in workflow
-    assert (REPO / "tools" / "check_offline_kits.sh").is_file()
+    assert "bash tools/ci/check_offline_kits.sh" in workflow and "unshare -n" in workflow
+    assert (REPO / "tools" / "ci" / "check_offline_kits.sh").is_file()
 
 
 def test_gpu_workflow_runs_an_existing_script():

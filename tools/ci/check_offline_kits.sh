@@ -3,8 +3,8 @@
 # checkout for Python 3.12, each split into 60 MiB parts, and install and run
 # each with no network at all (`unshare -n`: a network namespace without
 # interfaces but loopback, so a dependency missing from a kit fails here, not on the box).
-#   bash tools/check_offline_kits.sh [WORK_DIR]      (default build/offline-kits)
-#   CPU kit (torch included):  install.sh, then tools/smoke_fork.py (DFlash + fp8 KV)
+#   bash tools/ci/check_offline_kits.sh [WORK_DIR]      (default build/offline-kits)
+#   CPU kit (torch included):  install.sh, then tools/ci/smoke_fork.py (DFlash + fp8 KV)
 #   CUDA kit (README's: --use-system-torch, the test and benchmark requirements): into a venv that
 #     already has torch 2.11.0, as a GPU image does; then import vllm,
 #     vllm --version (without a GPU it stops at inferring the device: that
@@ -14,7 +14,7 @@
 # pyenv), network to make the kits, and ~25 GB of disk. Prints each phase's
 # time. CI: .github/workflows/offline-kit.yml.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 WORK=$(realpath -m "${1:-build/offline-kits}")
 PY_VERSION=3.12
@@ -44,7 +44,7 @@ step "CPU kit: install with no network"
 offline bash "$WORK/cpu-kit/install.sh" "$WORK/cpu-venv" --python "$PY"
 stage_done "install the CPU kit, no network"
 step "CPU kit: DFlash + fp8 KV smoke test with no network"
-(cd "$WORK" && offline "$WORK/cpu-venv/bin/python" "$WORK/cpu-venv/vllm-fork-src/tools/smoke_fork.py")
+(cd "$WORK" && offline "$WORK/cpu-venv/bin/python" "$WORK/cpu-venv/vllm-fork-src/tools/ci/smoke_fork.py")
 stage_done "smoke test (DFlash + fp8 KV), no network"
 rm -rf "$WORK/cpu-venv"
 

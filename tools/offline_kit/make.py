@@ -4,7 +4,7 @@ Runs on the interpreter the kit is for, in a venv with pip >= 24 and packaging:
 pip resolves the fork wheel (and any extra requirement files) as it would
 install them here (`pip install --dry-run --report`), downloads exactly the
 resolved files by their sha256, and the kit records them in a hash-pinned lock
-that tools/offline_kit_install.py installs with `--no-index --require-hashes`.
+that tools/offline_kit/install.py installs with `--no-index --require-hashes`.
 
 Kit layout (what install.sh reads):
     install.sh, install_kit.py   the installer (never split)
@@ -36,7 +36,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 HERE = Path(__file__).resolve().parent
 KIT_FORMAT = 1
-INSTALLER_FILES = {"install.sh": HERE / "offline_kit_install.sh", "install_kit.py": HERE / "offline_kit_install.py"}
+INSTALLER_FILES = {"install.sh": HERE / "install.sh", "install_kit.py": HERE / "install.py"}
 PART_PREFIX = "kit.tar."
 # Stays beside the parts of a split kit, so what a kit is for reads without joining it.
 KIT_INFO = "kit.json"
@@ -299,7 +299,7 @@ def make(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kit", required=True, help="the directory to fill (made; must not exist)")
-    parser.add_argument("--root", default=str(HERE.parent), help="the fork checkout")
+    parser.add_argument("--root", default=str(HERE.parents[1]), help="the fork checkout")
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--use-system-torch", action="store_true")
     parser.add_argument("--with-requirements", action="append", default=[])

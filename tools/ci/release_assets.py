@@ -1,6 +1,6 @@
 """The files of a GitHub release of the fork, so users can pin a wheel URL.
 
-    python tools/release_assets.py --tag TAG OUT [--kit-python 3.12]
+    python tools/ci/release_assets.py --tag TAG OUT [--kit-python 3.12]
                                    [--notes FILE --download-url URL]
 
 For every target (cuda, cpu): the sdist and the wheel built from it by
@@ -26,7 +26,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from forkbuild import config as fork_config  # noqa: E402

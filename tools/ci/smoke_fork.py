@@ -1,6 +1,6 @@
 """Smoke run of an installed fork: DFlash + fp8 KV cache, a few tokens.
 
-    python tools/smoke_fork.py            # with the interpreter of the venv to check
+    python tools/ci/smoke_fork.py            # with the interpreter of the venv to check
 
 Generates the embedded tiny target + DFlash drafter pair (vllm.fork.tiny_pairs,
 offline, seconds), starts one engine with the drafter and an fp8 KV cache,
