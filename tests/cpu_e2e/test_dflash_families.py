@@ -275,7 +275,7 @@ def test_small_kv_cache_preempts(family, family_dflash):
 
 @pytest.mark.extended
 def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measurements):
-    """README "Which targets": its pair command (the suite's cached copy of
+    """docs/targets.md's hybrid MoE pair command (the suite's cached copy of
     the same pair put in place first, so the command keeps it) and its `vllm
     serve` command word for word, on a free port; the server answers the
     drafter's training prompts with DFlash accepting most drafts."""

@@ -1,6 +1,6 @@
 """DFlash + fp8 KV cache scaled out with vLLM's own engines, on CPU.
 
-What README "Scaling out" tells users to run, with its mp backend:
+What docs/scaling.md tells users to run, with vLLM's mp backend:
 
 - data parallelism in one server (`--data-parallel-size 2`);
 - two nodes, here two `vllm serve` processes on this machine meeting over
