@@ -60,20 +60,7 @@ LONG_MAX_TOKENS = 400
 
 
 def serve_args(draft: str) -> list[str]:
-    spec = e2e.dflash_spec_config(draft)
-    return [
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "512",
-        "--enforce-eager",
-        "--seed",
-        "0",
-        "--kv-cache-dtype",
-        "fp8",
-        "--speculative-config",
-        json.dumps(spec),
-    ]
+    return e2e.dflash_fp8_serve_args(draft, dtype="float32")
 
 
 def _env(bind: str) -> dict[str, str]:

@@ -274,11 +274,12 @@ def start_dflash_fp8(name: str, pair: tuple[str, str]):
     )
 
 
-def dflash_fp8_serve_args(draft_dir: str) -> list[str]:
-    """`vllm serve` arguments for the cpu_e2e servers: bf16, DFlash, fp8 KV."""
+def dflash_fp8_serve_args(draft_dir: str, dtype: str = "bfloat16") -> list[str]:
+    """`vllm serve` arguments for the cpu_e2e servers: DFlash, fp8 KV, bf16
+    unless `dtype` says otherwise."""
     return [
         "--dtype",
-        "bfloat16",
+        dtype,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--enforce-eager",
