@@ -92,7 +92,7 @@ stage_done "$what ($WORKERS workers)" "$([ "$status" -eq 0 ] && echo passed || e
 
 if "$VENV/bin/python" -c 'import sys, torch; sys.exit(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()))'; then
   printf '\n==> again as on a CPU without AVX-512 or AMX (VLLM_FORK_TEST_NO_AVX512=1)\n'
-  # The selected tests marked no_avx512_pass (tests/conftest.py says which);
+  # The selected tests marked no_avx512_pass (tests/support/no_avx512_pass.py says which);
   # a selection without any is no failure here.
   # The necessity proofs of this pass rebuild the fork once per patch (about 4 minutes of
   # both cores): they run when the arguments name tests/necessity (cpu.yml's necessity

@@ -110,7 +110,7 @@ class Verdict:
 def read_junit(junit: Path) -> dict[str, str]:
     """{node id: passed/failed/skipped} from a JUnit file; {} if it is missing or unreadable.
 
-    The node id is the testcase's "nodeid" property (tests/conftest.py adds it
+    The node id is the testcase's "nodeid" property (tests/support/necessity_plugin.py adds it
     under --needs-patch), else JUnit's own "classname::name"."""
     try:
         root = ET.parse(junit).getroot()
@@ -240,7 +240,7 @@ def run_guards(
     if it died, rerun each guard it gave no outcome for in its own process.
 
     Returns (run, outcomes, selected, reruns) for classify(): selected is the
-    node ids (relative to rootdir) that tests/conftest.py wrote at collection
+    node ids (relative to rootdir) that tests/support/necessity_plugin.py wrote at collection
     (None if the run died before that), reruns {node id: (Run, outcomes)}."""
     junit = workdir / "junit.xml"
     selected_file = workdir / "selected.txt"

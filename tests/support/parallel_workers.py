@@ -107,7 +107,7 @@ def _rank(item: pytest.Item) -> int:
 
 
 def bind_engines_to_this_workers_core() -> None:
-    """Call at import of the root conftest: in an xdist worker, before any engine starts."""
+    """Called by pytest_configure below: in an xdist worker, before any engine starts."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if not worker.startswith("gw") or count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
@@ -180,10 +180,24 @@ class GroupCheck:
         check_groups_took_effect(config, items)
 
 
-def register(config: pytest.Config, stash_key) -> None:
+def register_measured_relay(config: pytest.Config, stash_key) -> None:
+    """Figures stashed under ``stash_key`` on the workers reach the controller."""
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(MeasuredRelay(stash_key), "measured-relay")
+
+
+# As a pytest plugin (tests/conftest.py lists it): the worker units.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    bind_engines_to_this_workers_core()
+    if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(GroupCheck(), "xdist-group-check")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_and_order(config, items)
 
 
 def threads_bind_for_ranks(ranks: int) -> str:
