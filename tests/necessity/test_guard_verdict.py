@@ -151,8 +151,9 @@ def _synthetic_tree(tmp_path: Path, body: str) -> Path:
     (root / "pytest.ini").write_text("[pytest]\n")
     shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
     (root / "tests" / "support" / "tiny_pair_fixtures.py").write_text("")
-    for plugin in ("parallel_workers.py", "patch_guards.py"):  # imported by conftest.py
-        shutil.copy(TESTS / "support" / plugin, root / "tests" / "support" / plugin)
+    # The plugins tests/conftest.py lists, and what they import.
+    for module in ("parallel_workers", "no_avx512_pass", "necessity_plugin", "measured_figures", "patch_guards"):
+        shutil.copy(TESTS / "support" / f"{module}.py", root / "tests" / "support" / f"{module}.py")
     (root / "tests" / "test_guards.py").write_text(textwrap.dedent(body))
     (tmp_path / "work").mkdir()
     return root
