@@ -101,7 +101,7 @@ if "$VENV/bin/python" -c 'import sys, torch; sys.exit(not (torch.cpu._is_avx512_
   case " ${ARGS[*]:-} " in
     *tests/necessity*) ;;
     *) SECOND_ONLY=(--deselect tests/necessity/test_patches_are_needed.py)
-       echo "    (its necessity proofs: bash tools/run_tests.sh tests/necessity/test_patches_are_needed.py -k \"0001 or 0002 or 0003 or 0005 or 0012\")" ;;
+       echo "    (its necessity proofs: bash tools/run_tests.sh tests/necessity/test_patches_are_needed.py -m no_avx512_pass)" ;;
   esac
   no_avx512=0
   VLLM_FORK_TEST_NO_AVX512=1 "${PYTEST[@]}" "${PARALLEL[@]}" $(junit no-avx512) \
