@@ -66,7 +66,6 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-# Fields of the base's METADATA that describe its publisher, not this fork.
 def version_module(version: str) -> bytes:
     release, _, local = version.partition("+")
     parts = [int(p) for p in release.split(".")] + ([local] if local else [])
