@@ -403,21 +403,21 @@ class VllmServer:
     def model_id(self) -> str:
         return json.loads(self.get("/v1/models")[1])["data"][0]["id"]
 
-    def metrics_by_engine(self, name: str) -> dict[str, float]:
-        """{engine label: value} of the counter ``name`` (one engine per
-        data-parallel rank)."""
+    def _metrics_page(self) -> str:
         status, text = self.get("/metrics")
         if status != 200:
             raise RuntimeError(f"/metrics answered {status}: {text[:500]}")
+        return text
+
+    def metrics_by_engine(self, name: str) -> dict[str, float]:
+        """{engine label: value} of the counter ``name`` (one engine per
+        data-parallel rank)."""
         out: dict[str, float] = {}
-        for _, sample in _samples(text):
+        for _, sample in _samples(self._metrics_page()):
             if sample.name == name:
                 engine = sample.labels.get("engine", "")
                 out[engine] = out.get(engine, 0.0) + sample.value
         return out
 
     def metrics(self) -> dict[str, float]:
-        status, text = self.get("/metrics")
-        if status != 200:
-            raise RuntimeError(f"/metrics answered {status}: {text[:500]}")
-        return parse_metrics(text)
+        return parse_metrics(self._metrics_page())
