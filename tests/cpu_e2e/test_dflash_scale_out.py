@@ -67,15 +67,18 @@ def _env(bind: str) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": bind}
 
 
-def _one(srv: VllmServer, prompt: str, max_tokens: int = MAX_TOKENS, timeout: float = 300) -> tuple[int, str]:
-    body = {"model": srv.model_id(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+def _one(
+    srv: VllmServer, model: str, prompt: str, max_tokens: int = MAX_TOKENS, timeout: float = 300
+) -> tuple[int, str]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
     return http("POST", srv.base + "/v1/completions", body, timeout=timeout)
 
 
 def complete_concurrently(srv: VllmServer) -> list[str]:
     """Every prompt sent at once; the greedy completions in prompt order."""
+    model = srv.model_id()
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        answers = list(pool.map(lambda p: _one(srv, p), PROMPTS))
+        answers = list(pool.map(lambda p: _one(srv, model, p), PROMPTS))
     for prompt, (status, text) in zip(PROMPTS, answers):
         assert status == 200, (prompt, status, text[:500])
     return [json.loads(text)["choices"][0]["text"] for _status, text in answers]
@@ -226,7 +229,10 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
     try:
         _start_two_nodes(head, other)
         with ThreadPoolExecutor(4) as pool:
-            pending = [pool.submit(_one, head, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]]
+            model = head.model_id()
+            pending = [
+                pool.submit(_one, head, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]
+            ]
             time.sleep(2)  # decoding has begun
             running = [f for f in pending if not f.done()]
             t0 = time.monotonic()
