@@ -43,9 +43,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+# The `vllm serve` harness the suite uses too (tools/lib: code both run).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "lib"))
 
-from vllm_server import VllmServer, info_labels, vllm_cli
+from prometheus_text import info_labels
+from vllm_server import VllmServer, vllm_cli
 
 # (speculation, target KV cache dtype, drafter KV cache dtype: None = the target's)
 CONFIGS = [

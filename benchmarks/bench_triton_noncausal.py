@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+# The suite's paged-attention cases (tools/lib: code the tests and benchmarks both run).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "lib"))
 import triton_attention_cases as cases
 
 

@@ -1,4 +1,4 @@
-"""Suite-wide pytest configuration: where the helpers are, and the plugins.
+"""Suite-wide pytest configuration: the plugins and the suite-wide markers.
 
 Each concept of the suite is a plugin of its own in tests/support:
 no_avx512_pass (the run as on a CPU without AVX-512), necessity_plugin (the
@@ -6,13 +6,6 @@ tests that guard each patch), parallel_workers (the xdist units and their
 cores), measured_figures (figures in the terminal summary) and
 tiny_pair_fixtures (the generated model pairs).
 """
-
-import sys
-from pathlib import Path
-
-SUPPORT = Path(__file__).resolve().parent / "support"
-# Helper modules shared by the test directories: importable by plain name.
-sys.path.insert(0, str(SUPPORT))
 
 # In dependency order (a plugin is registered before the plugins that import
 # it), no_avx512_pass before anything that imports torch: with

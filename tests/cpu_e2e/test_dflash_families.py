@@ -286,8 +286,9 @@ def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measuremen
     import subprocess
     import sys
 
+    from prometheus_text import parse_metrics
     from readme_blocks import block_with, commands
-    from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
+    from vllm_server import VllmServer, vllm_dist_skip_reason
 
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)

@@ -10,7 +10,7 @@ from draft_counts import DraftCounts
 
 # Not 0001, 0003, 0004, 0005 or 0007: their proofs take guards that need no
 # engine (each would otherwise add half a minute or more to its proof).
-@pytest.mark.needs_patch("0002")
+@pytest.mark.needs_patch("0002", no_avx512_pass=True)
 def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 

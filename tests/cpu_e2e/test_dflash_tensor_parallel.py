@@ -12,8 +12,8 @@ vLLM's automatic binding stops at start-up with "Not enough allowed NUMA
 nodes to bind threads of 2 local CPUWorkers" on a one-node machine.
 
 Every engine here has two ranks, so the module is `extended` (a CI job of its
-own, `bash tools/run_tests.sh -m extended`); that job also proves its guards
-of 0001, 0002 and 0007 (VLLM_FORK_NECESSITY_WITH_EXTENDED=1).
+own, `bash tools/run_tests.sh -m extended`); that job also proves these guards
+(`-m extended_guards --necessity-with-extended`, tests/support/necessity_plugin.py).
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ import textwrap
 
 import pytest
 from draft_counts import DraftCounts
+from prometheus_text import parse_metrics
 from readme_blocks import block_with, commands
-from vllm_server import VllmServer, parse_metrics, vllm_dist_skip_reason
+from vllm_server import VllmServer, vllm_dist_skip_reason
 
 COMMAND_TIMEOUT_S = 300
 README_PORT = "127.0.0.1:8000"

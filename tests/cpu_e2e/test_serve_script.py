@@ -21,22 +21,21 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
 from draft_counts import DraftCounts
+from prometheus_text import parse_metrics
+from repo_paths import REPO
 from vllm_server import (
     TAG_VAR,
     dying_with_this_process,
     free_port,
-    parse_metrics,
     still_running,
     tagged_processes,
     vllm_dist_skip_reason,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 900
 STOP_BOUND_S = 60
 LEFTOVER_GRACE_S = 30

@@ -80,9 +80,10 @@ START = textwrap.dedent("""
 
 @pytest.mark.extended
 def test_second_start_loads_the_compiled_target_and_drafter(text_pair, tmp_path):
-    support = os.path.join(os.path.dirname(__file__), os.pardir, "support")
+    from repo_paths import SUPPORT
+
     script = tmp_path / "start.py"
-    script.write_text(START.format(support=os.path.abspath(support), pair=tuple(text_pair)))
+    script.write_text(START.format(support=str(SUPPORT), pair=tuple(text_pair)))
     env = {
         **os.environ,
         "VLLM_CACHE_ROOT": str(tmp_path / "cache"),

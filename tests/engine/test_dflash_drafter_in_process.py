@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -99,7 +98,7 @@ def build_the_drafter(pair, kv_cache_dtype: str, *extra: str) -> dict:
     return report
 
 
-@pytest.mark.needs_patch("0001")
+@pytest.mark.needs_patch("0001", no_avx512_pass=True)
 def test_draft_layers_take_the_kv_cache_dtype_and_the_drafters_kv_scales(kv_scales_pair):
     layers = build_the_drafter(kv_scales_pair, "fp8")["LAYERS"]
     print(f"\n[engine] draft attention layers: {layers}")
@@ -108,9 +107,11 @@ def test_draft_layers_take_the_kv_cache_dtype_and_the_drafters_kv_scales(kv_scal
         assert layer == {"kv_cache_dtype": "fp8", "k_scale": 0.5, "v_scale": 0.25}, (name, layer)
 
 
-@pytest.mark.needs_patch("0003")
+@pytest.mark.needs_patch("0003", no_avx512_pass=True)
 def test_draft_attention_runs_with_repacked_linear_weights(full_pair):
-    support = str(Path(__file__).resolve().parents[1] / "support")
+    from repo_paths import SUPPORT
+
+    support = str(SUPPORT)
     forward = build_the_drafter(full_pair, "fp8", "--repacked-forward", support)["FORWARD"]
     print(f"\n[engine] repacked draft attention: {forward}")
     assert forward["repacked"] > 0 and len(forward["shapes"]) == 2, forward

@@ -344,7 +344,7 @@ class CacheWrittenByTheImpl(PagedCase):
         self.impl.do_kv_cache_update(self.layer, k, v, self.kv_cache, slots)
 
 
-@pytest.mark.needs_patch("0005")
+@pytest.mark.needs_patch("0005", no_avx512_pass=True)
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_kv_written_outside_forward_is_what_attention_reads(kv_dtype):
     """Patch 0005: the CPU backend writes K/V into its paged cache outside

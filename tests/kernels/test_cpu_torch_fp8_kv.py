@@ -180,7 +180,7 @@ def _err(case, causal, **kw):
     return ((got - want).abs() / (1 + want.abs())).max().item()
 
 
-@pytest.mark.needs_patch("0012")
+@pytest.mark.needs_patch("0012", no_avx512_pass=True)
 @pytest.mark.parametrize("kv_dtype", list(FP8))
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -222,7 +222,7 @@ def test_cache_holds_fp8_bytes_of_value_over_scale():
     assert torch.equal(raw.view(torch.float8_e5m2).double() * 0.25, case.keys[req][pos])
 
 
-@pytest.mark.needs_patch("0012")
+@pytest.mark.needs_patch("0012", no_avx512_pass=True)
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_every_fp8_byte_reads_back_as_torch_converts_it(fp8):
     """The read converts fp8 bytes by moving their bits into float32s, not
@@ -256,9 +256,10 @@ def test_no_avx512_mode_reaches_child_processes():
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    override = Path(__file__).resolve().parents[1] / "support" / "no_avx512"
+    from repo_paths import SUPPORT
+
+    override = SUPPORT / "no_avx512"
     env = {
         **os.environ,
         "VLLM_FORK_TEST_NO_AVX512": "1",
@@ -271,7 +272,7 @@ def test_no_avx512_mode_reaches_child_processes():
     assert line == "False False True ['_C_AVX2.abi3.so']", line
 
 
-@pytest.mark.needs_patch("0012")
+@pytest.mark.needs_patch("0012", no_avx512_pass=True)
 def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
     """Speculative decoding is lossless only if the target computes a token
     verified among k + 1 positions exactly as it computes that token decoded

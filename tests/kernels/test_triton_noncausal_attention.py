@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import triton_attention_cases as cases  # noqa: E402
+import triton_attention_cases as cases
+from repo_paths import TOOLS_LIB
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Largest |kernel - fp32 reference| accepted: the kernel rounds P and the
@@ -56,7 +54,7 @@ def results(request) -> dict[str, dict]:
         {rid for item in request.session.items if Path(str(item.fspath)) == here and (rid := _result_id(item))}
     )
     proc = subprocess.run(
-        [sys.executable, str(HERE / "triton_attention_cases.py"), "--device", DEVICE, "--only", ",".join(wanted)],
+        [sys.executable, str(TOOLS_LIB / "triton_attention_cases.py"), "--device", DEVICE, "--only", ",".join(wanted)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import re
 import shutil
 import signal
-import sys
 import textwrap
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from guard_verdict import (
     CRASHED,
@@ -23,8 +20,7 @@ from guard_verdict import (
     run_guards,
     verdict,
 )
-
-TESTS = Path(__file__).resolve().parents[1]
+from repo_paths import TESTS
 
 PATCH, NUMBER = "0006-cpu-attn-mask.patch", "0006"
 A = "tests/kernels/test_k.py::test_a[x]"
@@ -148,11 +144,18 @@ def _synthetic_tree(tmp_path: Path, body: str) -> Path:
     """A test tree with the suite's own conftest.py (its needs_patch selection) and one module."""
     root = tmp_path / "proj"
     (root / "tests" / "support").mkdir(parents=True)
-    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / "pytest.ini").write_text("[pytest]\npythonpath = tests/support\n")
     shutil.copy(TESTS / "conftest.py", root / "tests" / "conftest.py")
     (root / "tests" / "support" / "tiny_pair_fixtures.py").write_text("")
     # The plugins tests/conftest.py lists, and what they import.
-    for module in ("parallel_workers", "no_avx512_pass", "necessity_plugin", "measured_figures", "patch_guards"):
+    for module in (
+        "parallel_workers",
+        "no_avx512_pass",
+        "necessity_plugin",
+        "measured_figures",
+        "patch_guards",
+        "repo_paths",
+    ):
         shutil.copy(TESTS / "support" / f"{module}.py", root / "tests" / "support" / f"{module}.py")
     (root / "tests" / "test_guards.py").write_text(textwrap.dedent(body))
     (tmp_path / "work").mkdir()
@@ -227,3 +230,30 @@ def test_run_guards_normal_path_is_one_process(tmp_path):
     }
     v = verdict("0042-x.patch", "0042", run, classify(selected, run, outcomes, reruns))
     assert v.ok and "rc=1" in v.message
+
+
+EXTENDED_GUARD_MODULE = """
+    import pytest
+
+    @pytest.mark.needs_patch("0042")
+    def test_every_commit():
+        assert False
+
+    @pytest.mark.extended
+    @pytest.mark.needs_patch("0042")
+    def test_extended():
+        assert False
+"""
+
+
+def test_extended_guards_join_a_proof_only_when_asked(tmp_path):
+    root = _synthetic_tree(tmp_path, EXTENDED_GUARD_MODULE)
+    every_commit = "tests/test_guards.py::test_every_commit"
+    _run, outcomes, selected, _ = run_guards([str(root / "tests")], root, "0042", tmp_path / "work", None)
+    assert selected == [every_commit] and outcomes == {every_commit: FAILED}
+    (tmp_path / "work2").mkdir()
+    _run, outcomes, selected, _ = run_guards(
+        [str(root / "tests")], root, "0042", tmp_path / "work2", None, ("--necessity-with-extended",)
+    )
+    assert selected == [every_commit, "tests/test_guards.py::test_extended"]
+    assert set(outcomes.values()) == {FAILED}

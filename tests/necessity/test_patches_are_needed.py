@@ -29,26 +29,23 @@ from __future__ import annotations
 
 import compileall
 import os
-import sys
 import zipfile
 from pathlib import Path
 
+import patch_guards
 import pytest
+from guard_verdict import classify, run_guards, verdict
+from necessity_plugin import WITH_EXTENDED_OPTION, proof_marks
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from guard_verdict import classify, run_guards, verdict  # noqa: E402
-from patch_guards import guard_files  # noqa: E402
-
-from forkbuild import assemble, build_request, config, patching  # noqa: E402
+from forkbuild import assemble, build_request, config, patching
 
 CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("patch", SERIES, ids=[p.number for p in SERIES])
+@pytest.mark.parametrize("patch", [pytest.param(p, id=p.number, marks=proof_marks(p.number)) for p in SERIES])
 def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, request):
     monkeypatch.setenv(config.SKIP_PATCHES_ENV, patch.number)
     wheel = assemble.build_wheel(build_request.resolve(REPO, "cpu"), tmp_path / "wheel")
@@ -67,15 +64,11 @@ def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, reque
     # would count as "did not fail"); a GPU necessity run is
     # `pytest tests/gpu --needs-patch N` against a CUDA build without N.
     excluded = (REPO / "tests" / "necessity", REPO / "tests" / "gpu")
-    # Only the files with guards when this session collected the whole suite.
-    paths = [
-        f
-        for f in guard_files(request.config, patch.number) or ()
-        if not any(Path(f).is_relative_to(d) for d in excluded)
-    ]
-    if not paths:
+    paths = [f for f in patch_guards.guard_files(patch.number) if not any(Path(f).is_relative_to(d) for d in excluded)]
+    if not paths:  # no guard: the whole suite, so that the verdict says so
         paths = [str(REPO / "tests")] + [arg for d in excluded for arg in ("--ignore", str(d))]
-    run, outcomes, selected, reruns = run_guards(paths, REPO, patch.number, tmp_path, env)
+    extra = (WITH_EXTENDED_OPTION,) if request.config.getoption(WITH_EXTENDED_OPTION) else ()
+    run, outcomes, selected, reruns = run_guards(paths, REPO, patch.number, tmp_path, env, extra)
     guards = classify(selected, run, outcomes, reruns)
     result = verdict(patch.name, patch.number, run, guards, selected_known=selected is not None)
     print(result.message)

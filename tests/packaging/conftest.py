@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import re
 import shutil
 
-from forkrepo import REPO, ForkRepo, fork_config, make_base_wheel
+import pytest
+from forkrepo import ForkRepo, fork_config, make_base_wheel
+from repo_paths import REPO
 
 
 @pytest.fixture

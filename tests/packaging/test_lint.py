@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from repo_paths import REPO
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from forkrepo import REPO, _record_line
+from forkrepo import _record_line
+from repo_paths import REPO
 
 
 def _load(name: str, path: Path):

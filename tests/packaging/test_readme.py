@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 from fork_maintainer.patch_table import patch_table, readme_with_table
-from forkrepo import REPO
 from readme_blocks import bash_commands
+from repo_paths import REPO
 
 from forkbuild import config, patching
 

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from forkrepo import REPO
+from repo_paths import REPO
 
 from forkbuild import assemble, build_request, config, patching
 from forkbuild.base import find_base_wheel

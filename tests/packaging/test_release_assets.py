@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from forkrepo import REPO
+from repo_paths import REPO
 
 TAG = "v0.21.0-dflashfp8.1"  # the synthetic fork is release 1 of 0.21.0
 

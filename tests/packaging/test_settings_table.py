@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from forkrepo import REPO
+from repo_paths import REPO
 
 NAME = re.compile(r"\bVLLM_FORK_[A-Z0-9_]*[A-Z0-9]\b")
 SOURCES = ("forkbuild", "tools", "tests", "benchmarks", "vllm", ".github", ".ci")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from forkrepo import REPO
+from repo_paths import REPO
 
 # What tools/install_fork.sh builds the wheel and its installation from.
 BUILD_INPUTS = ("pyproject.toml", "forkbuild", "patches", "vllm", "tools", "tests/requirements.txt")

@@ -7,7 +7,7 @@ who upgrade would silently keep the old patches.
 from __future__ import annotations
 
 from fork_maintainer.release_lock import LOCK_FILE, content_digest, read_lock
-from forkrepo import REPO
+from repo_paths import REPO
 
 from forkbuild import config
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from forkrepo import REPO
+from repo_paths import REPO
 
 
 def _actionlint() -> str:

@@ -15,12 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
-
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
+from repo_paths import TOOLS_LIB
 
 TEST_PROCESS = """
 import sys, time
@@ -37,7 +35,7 @@ time.sleep(600)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_server_dies_when_its_test_process_is_killed(tmp_path):
     test_process = subprocess.Popen(
-        [sys.executable, "-c", TEST_PROCESS, str(SUPPORT), str(tmp_path / "server.log")],
+        [sys.executable, "-c", TEST_PROCESS, str(TOOLS_LIB), str(tmp_path / "server.log")],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import serve_workload as workload
-from vllm_server import shm_segments_of, unix_socket_files_of
+from process_resources import shm_segments_of, unix_socket_files_of
 
 SHUTDOWN_BOUND_S = 60
 LOAD_BEFORE_SIGTERM_TIMEOUT_S = 120

@@ -28,7 +28,7 @@ os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc(fn)
 # (target, drafter, attention, KV cache) still runs in vLLM's worker process.
 # That saves a process start (~7 s of imports on 2 cores) per engine and its
 # CPU while idle. The full process layout users get is what the `vllm serve`
-# tests run (tests/support/vllm_server.py does not pass this on).
+# tests run (tools/lib/vllm_server.py does not pass this on).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # Every KV format the CPU backend stores: "fp8_e4m3" is the format "fp8"

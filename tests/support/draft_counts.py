@@ -3,7 +3,7 @@
 Each draft step yields the draft tokens the target accepted plus one token of
 the target's own, so the mean acceptance length is 1 + accepted / drafts.
 `LLM.get_metrics()` names the counters `vllm:spec_decode_num_drafts` and so
-on; a server's /metrics page (parsed by vllm_server.parse_metrics) adds
+on; a server's /metrics page (parsed by prometheus_text.parse_metrics) adds
 Prometheus' `_total`. DraftCounts.read takes either.
 """
 

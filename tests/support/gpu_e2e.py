@@ -22,6 +22,7 @@ from pathlib import Path
 import dflash_e2e as e2e
 import torch
 from draft_counts import DraftCounts
+from repo_paths import SUPPORT
 
 CUDA_SKIP_REASON = (
     "no CUDA device: torch.cuda.is_available() is False. tests/gpu runs DFlash with "
@@ -189,7 +190,7 @@ def run_start_errors(cases: list[dict], workdir: Path, timeout: float = 900) -> 
     cases_path, results_path = workdir / "cases.json", workdir / "results.json"
     cases_path.write_text(json.dumps(cases, indent=2))
     log = workdir / "engine_start_errors.log"
-    script = Path(__file__).resolve().parent / "engine_start_errors.py"
+    script = SUPPORT / "engine_start_errors.py"
     with open(log, "w") as logf:
         proc = subprocess.run(
             [sys.executable, str(script), str(cases_path), str(results_path)],

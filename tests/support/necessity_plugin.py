@@ -4,20 +4,29 @@ A test marked needs_patch("NNNN") guards patch NNNN of patches/series: a
 build of the fork without that patch must make the test fail
 (tests/necessity/test_patches_are_needed.py builds it and runs the guards
 with --needs-patch NNNN in a subprocess). This plugin owns the marker, the
-options that select a patch's guards, and the record of which files hold
-guards (tests/support/patch_guards.py).
+options that select a patch's guards, and the marks of each proof, read from
+its guards (tests/support/patch_guards.py): no patch number is listed by hand.
 """
 
 from __future__ import annotations
 
-import os
-
 import patch_guards
 import pytest
 
-# VLLM_FORK_NECESSITY_WITH_EXTENDED=1: a necessity proof also runs the
-# patch's guards marked `extended` (the extended CI job sets it).
-NECESSITY_WITH_EXTENDED_ENV = "VLLM_FORK_NECESSITY_WITH_EXTENDED"
+WITH_EXTENDED_OPTION = "--necessity-with-extended"
+
+
+def proof_marks(number: str) -> list:
+    """The marks of patch ``number``'s necessity proof: ``extended_guards``
+    when some of its guards are marked extended (the extended CI job proves
+    those), ``no_avx512_pass`` when a guard says
+    ``needs_patch(..., no_avx512_pass=True)``."""
+    marks = []
+    if patch_guards.has_extended_guards(number):
+        marks.append(pytest.mark.extended_guards)
+    if patch_guards.proven_without_avx512(number):
+        marks.append(pytest.mark.no_avx512_pass)
+    return marks
 
 
 def pytest_addoption(parser):
@@ -32,25 +41,35 @@ def pytest_addoption(parser):
         help="with --needs-patch: write the selected node ids to FILE, one a line, before "
         "any test runs (tests/necessity reruns them one by one if the run crashes)",
     )
+    parser.addoption(
+        WITH_EXTENDED_OPTION,
+        action="store_true",
+        help="with --needs-patch: the patch's guards marked `extended` run too; in a necessity "
+        "proof: its subprocess gets this option (the extended CI job: -m extended_guards with it)",
+    )
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "needs_patch(*numbers): the test guards these patches (4-digit numbers) "
-        "and must fail on a build without any of them",
+        "and must fail on a build without any of them; no_avx512_pass=True: the proof also "
+        "runs as on a CPU without AVX-512/AMX",
+    )
+    config.addinivalue_line(
+        "markers",
+        "extended_guards: the necessity proof of a patch with guards marked extended "
+        "(run with --necessity-with-extended in the extended CI job)",
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # the guard files are recorded before -k/-m deselect
 def pytest_collection_modifyitems(config, items):
-    patch_guards.record_guard_files(config, items)
     number = config.getoption("--needs-patch")
     if not number:
         return
     # Guards marked `extended` (a start of their own too long for every
     # commit) join a necessity proof only in the extended CI job.
-    with_extended = os.environ.get(NECESSITY_WITH_EXTENDED_ENV) == "1"
+    with_extended = config.getoption(WITH_EXTENDED_OPTION)
     keep, drop = [], []
     for item in items:
         numbers = {arg for mark in item.iter_markers("needs_patch") for arg in mark.args}

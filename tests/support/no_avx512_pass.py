@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import parallel_workers
 import pytest
+from repo_paths import SUPPORT
 
 NO_AVX512_ENV = "VLLM_FORK_TEST_NO_AVX512"
-_OVERRIDE = str(Path(__file__).resolve().parent / "no_avx512")
+_OVERRIDE = str(SUPPORT / "no_avx512")
 
 if os.environ.get(NO_AVX512_ENV) == "1":
     if _OVERRIDE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -29,15 +29,15 @@ if os.environ.get(NO_AVX512_ENV) == "1":
 
     no_avx512_probes.apply()
 
-# What the second pass runs: these files' tests ...
+# What the second pass runs: these files' tests, and the necessity proofs of
+# the patches with a guard marked needs_patch(..., no_avx512_pass=True)
+# (necessity_plugin.proof_marks).
 NO_AVX512_PASS_FILES = (
     "kernels/test_cpu_torch_fp8_kv.py",
     "kernels/test_cpu_noncausal_attention.py",
     "cpu_e2e/test_dflash_kv.py",
     "cpu_e2e/test_dflash_families.py",
 )
-# ... and the necessity proofs of the patches whose guards take the fp8 KV path.
-NO_AVX512_PASS_PATCHES = ("0001", "0002", "0003", "0005", "0012")
 
 
 def _only_auto_kv(item) -> bool:
@@ -52,12 +52,7 @@ def _only_auto_kv(item) -> bool:
 
 def _in_no_avx512_pass(item) -> bool:
     rel = parallel_workers.relative_path(item)
-    if rel in NO_AVX512_PASS_FILES:
-        return not (rel.startswith("cpu_e2e/") and _only_auto_kv(item))
-    callspec = getattr(item, "callspec", None)
-    return (
-        rel == "necessity/test_patches_are_needed.py" and callspec is not None and callspec.id in NO_AVX512_PASS_PATCHES
-    )
+    return rel in NO_AVX512_PASS_FILES and not (rel.startswith("cpu_e2e/") and _only_auto_kv(item))
 
 
 def pytest_configure(config):

@@ -43,8 +43,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parents[1]
+from repo_paths import TESTS
 
 # Longest units first; a file or directory not listed comes after them.
 UNIT_ORDER = (

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+from repo_paths import README, REPO
 
 
 def documentation() -> str:

@@ -13,7 +13,9 @@ import os
 import re
 from pathlib import Path
 
-DATA = Path(os.environ.get("VLLM_FORK_REAL_PROMPTS_DIR") or Path(__file__).resolve().parents[1] / "gpu" / "data")
+from repo_paths import TESTS
+
+DATA = Path(os.environ.get("VLLM_FORK_REAL_PROMPTS_DIR") or TESTS / "gpu" / "data")
 
 
 def load_prompts(dataset: str, data: Path = DATA) -> list[dict]:

@@ -16,9 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-from forkbuild import config as fork_config  # noqa: E402
+from forkbuild import config as fork_config
 
 BASE_FILES = {
     "vllm/__init__.py": b'"""vLLM."""\nfrom ._version import __version__\n',

@@ -1,7 +1,7 @@
 """Start the real `vllm serve` CLI on 127.0.0.1 and talk to it.
 
 Shared by the tests that serve (tests/cpu_e2e, tests/serve_load) and
-benchmarks/bench_dflash_fp8.py. The server runs in its own process session,
+benchmarks/bench_dflash_fp8.py (tools/lib: code both of them run). The server runs in its own process session,
 so :meth:`VllmServer.stop` can always take down whatever it started, even
 after a test failed half-way.
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_text import metric_samples, parse_metrics
 
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
-SHM_DIR = Path("/dev/shm")
 # Every process a test server starts inherits this variable (with a value of
 # its own), so processes that outlive it are found even when re-parented.
 TAG_VAR = "VLLM_FORK_TEST_SERVER_TAG"
@@ -86,37 +86,6 @@ def http(
     return r.status_code, r.text
 
 
-def _samples(text: str):
-    """(family name, sample) for each sample of a Prometheus /metrics page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            yield family.name, sample
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets},
-    plus ``name{label=value}`` sums for each single label
-    (e.g. ``vllm:request_success_total{finished_reason=length}``)."""
-    out: dict[str, float] = {}
-    for _, s in _samples(text):
-        out[s.name] = out.get(s.name, 0.0) + s.value
-        for k, v in s.labels.items():
-            if k not in ("model_name", "engine"):
-                key = f"{s.name}{{{k}={v}}}"
-                out[key] = out.get(key, 0.0) + s.value
-    return out
-
-
-def info_labels(text: str, name: str) -> dict[str, str]:
-    """The labels of an info metric (e.g. vllm:cache_config_info) on a /metrics page."""
-    for family, s in _samples(text):
-        if name in (s.name, family):
-            return dict(s.labels)
-    return {}
-
-
 def tagged_processes(tag: str) -> list[psutil.Process]:
     """Live processes whose environment carries TAG_VAR=tag."""
     found = []
@@ -126,31 +95,6 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
-    return found
-
-
-def shm_segments_of(procs: list[psutil.Process]) -> set[str]:
-    """/dev/shm entries the processes hold open or mapped."""
-    found: set[str] = set()
-    for p in procs:
-        try:
-            paths = [m.path for m in p.memory_maps(grouped=True)]
-            paths += [f.path for f in p.open_files()]
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        found.update(x.split(" (deleted)")[0] for x in paths if x.startswith(str(SHM_DIR) + "/"))
-    return found
-
-
-def unix_socket_files_of(procs: list[psutil.Process]) -> set[str]:
-    """Filesystem paths of the unix sockets (ZMQ ipc://) the processes hold."""
-    found: set[str] = set()
-    for p in procs:
-        try:
-            conns = p.net_connections(kind="unix")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        found.update(c.laddr for c in conns if isinstance(c.laddr, str) and c.laddr.startswith("/"))
     return found
 
 
@@ -413,7 +357,7 @@ class VllmServer:
         """{engine label: value} of the counter ``name`` (one engine per
         data-parallel rank)."""
         out: dict[str, float] = {}
-        for _, sample in _samples(self._metrics_page()):
+        for _, sample in metric_samples(self._metrics_page()):
             if sample.name == name:
                 engine = sample.labels.get("engine", "")
                 out[engine] = out.get(engine, 0.0) + sample.value

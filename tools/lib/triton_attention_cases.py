@@ -2,8 +2,8 @@
 
 Run by tests/kernels/test_triton_noncausal_attention.py in a fresh interpreter:
 
-    python tests/kernels/triton_attention_cases.py --device cpu   # Triton interpreter
-    python tests/kernels/triton_attention_cases.py --device cuda  # compiled kernels
+    python tools/lib/triton_attention_cases.py --device cpu   # Triton interpreter
+    python tools/lib/triton_attention_cases.py --device cuda  # compiled kernels
 
 prints one JSON object: {"cases": [{"id", "check", "max_err", "error"}, ...]}.
 

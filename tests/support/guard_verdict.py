@@ -264,7 +264,10 @@ def run_guards(
     for i, nodeid in enumerate(guards_to_rerun(run, outcomes, selected)):
         own_junit = workdir / f"junit-guard-{i}.xml"
         own = run_pytest(
-            [f"{rootdir}/{nodeid}", "--needs-patch", number, f"--junitxml={own_junit}"], workdir, env, timeout_s
+            [f"{rootdir}/{nodeid}", "--needs-patch", number, f"--junitxml={own_junit}", *extra_args],
+            workdir,
+            env,
+            timeout_s,
         )
         reruns[nodeid] = (own, read_junit(own_junit))
     return run, outcomes, selected, reruns
