@@ -1,16 +1,17 @@
-"""Fixtures for the CPU end-to-end DFlash tests; helpers in tests/support/dflash_e2e.py,
-the tiny pairs in tests/support/tiny_pair_fixtures.py."""
+"""Fixtures for the CPU end-to-end DFlash tests; their helpers are in
+tests/support (offline_engine.py, greedy_runs.py, worker_probes.py, ...), the
+tiny pairs in tests/support/tiny_pair_fixtures.py."""
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import offline_engine
 import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _shutdown_engines_at_end():
     yield
-    e2e.shutdown_llm()
+    offline_engine.shutdown_llm()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 
-import dflash_e2e as e2e
+import dflash_settings
 import pytest
 
 START_TIMEOUT_S = 240
@@ -30,7 +30,7 @@ _SCRIPT = textwrap.dedent(
 
 def _start_engine_subprocess(**kwargs) -> tuple[int, str, float]:
     kwargs.setdefault("dtype", "bfloat16")
-    kwargs.setdefault("max_model_len", e2e.MAX_MODEL_LEN)
+    kwargs.setdefault("max_model_len", dflash_settings.MAX_MODEL_LEN)
     kwargs.setdefault("enforce_eager", True)
     t0 = time.monotonic()
     try:
@@ -57,7 +57,7 @@ def test_dflash_config_without_dflash_config_is_a_clear_error(partial_pair, tmp_
     (bad / "config.json").write_text(json.dumps(cfg))
     rc, out, dt = _start_engine_subprocess(
         model=target,
-        speculative_config=e2e.dflash_spec_config(str(bad)),
+        speculative_config=dflash_settings.dflash_spec_config(str(bad)),
     )
     print(f"\n[e2e] DFlash drafter without dflash_config: rc={rc} after {dt:.1f} s")
     assert rc != 0 and "ENGINE STARTED" not in out
@@ -76,7 +76,7 @@ def test_unsupported_kv_cache_dtype_is_a_clear_error(partial_pair, kv_dtype, exp
     rc, out, dt = _start_engine_subprocess(
         model=target,
         kv_cache_dtype=kv_dtype,
-        speculative_config=e2e.dflash_spec_config(draft),
+        speculative_config=dflash_settings.dflash_spec_config(draft),
     )
     tail = [ln for ln in out.splitlines() if "Error" in ln][-3:]
     print(f"\n[e2e] kv_cache_dtype={kv_dtype}: rc={rc} after {dt:.1f} s: {tail}")

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import os
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
 import lossless
+import offline_engine
 import pytest
 import torch
+import worker_probes
 from draft_counts import DraftCounts
 
 # Not a guard of the patch for the necessity proofs: the config tests are
@@ -58,7 +61,7 @@ def _combinations():
 def prompts() -> list:
     """Lines of the text the pair learned, PROMPT_LEN tokens each, so that a
     prompt fills a BLOCK_SIZE-token block and a prefix-cache hit takes it."""
-    return e2e.text_line_prompts(PROMPT_LEN)
+    return greedy_runs.text_line_prompts(PROMPT_LEN)
 
 
 _references: dict[str, list] = {}
@@ -67,9 +70,11 @@ _references: dict[str, list] = {}
 def reference(pair, target_dtype: str) -> list:
     """Target-only greedy ids with a ``target_dtype`` cache, no prefix caching."""
     if target_dtype not in _references:
-        llm = e2e.start_llm(("text-target", target_dtype), model=pair[0], dtype="float32", kv_cache_dtype=target_dtype)
-        _references[target_dtype], _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
-        e2e.shutdown_llm()
+        llm = offline_engine.start_llm(
+            ("text-target", target_dtype), model=pair[0], dtype="float32", kv_cache_dtype=target_dtype
+        )
+        _references[target_dtype], _ = greedy_runs.generate_ids(llm, prompts(), MAX_TOKENS)
+        offline_engine.shutdown_llm()
     return _references[target_dtype]
 
 
@@ -85,21 +90,21 @@ def mixed(combination, text_pair):
     prompts (counters per pass)."""
     target_dtype, draft_dtype = combination
     target, draft = text_pair
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("text-mixed", target_dtype, draft_dtype),
         model=target,
         dtype="float32",
         kv_cache_dtype=target_dtype,
         block_size=BLOCK_SIZE,
         enable_prefix_caching=True,
-        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype=draft_dtype),
+        speculative_config=dflash_settings.dflash_spec_config(draft, kv_cache_dtype=draft_dtype),
     )
     names = {"hits": "vllm:prefix_cache_hits", "queries": "vllm:prefix_cache_queries"}
     passes = []
     for _ in range(2):
-        before = e2e.spec_metrics(llm), {k: e2e.engine_counter(llm, n) for k, n in names.items()}
-        ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
-        after = e2e.spec_metrics(llm), {k: e2e.engine_counter(llm, n) for k, n in names.items()}
+        before = offline_engine.spec_metrics(llm), {k: offline_engine.engine_counter(llm, n) for k, n in names.items()}
+        ids, _ = greedy_runs.generate_ids(llm, prompts(), MAX_TOKENS)
+        after = offline_engine.spec_metrics(llm), {k: offline_engine.engine_counter(llm, n) for k, n in names.items()}
         counts = DraftCounts.between(before[0], after[0])
         passes.append(
             {
@@ -110,8 +115,8 @@ def mixed(combination, text_pair):
                 **{k: int(after[1][k] - before[1][k]) for k in names},
             }
         )
-    state = llm.collective_rpc(e2e.worker_kv_state)[0]
-    e2e.shutdown_llm()
+    state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+    offline_engine.shutdown_llm()
     return {"passes": passes, "state": state}
 
 
@@ -136,7 +141,7 @@ def test_capacity_is_what_the_per_layer_bytes_give(combination, mixed, measureme
         per_token = 0
         for s in state["layers"].values():
             _two, _blocks, kv_heads, _block_size, head = s["tensor_shape"]
-            per_token += 2 * kv_heads * head * e2e.kv_bytes_per_elem(dtype_of(s["role"]), torch.float32)
+            per_token += 2 * kv_heads * head * dflash_settings.kv_bytes_per_elem(dtype_of(s["role"]), torch.float32)
         return space // per_token
 
     expected = tokens(lambda role: target_dtype if role == "target" else draft_dtype)
@@ -182,7 +187,7 @@ def test_preemption_and_chunked_prefill_keep_the_output(text_pair, measurements)
     still equals target-only output token for token (float32)."""
     target, draft = text_pair
     want = reference(text_pair, "fp8")
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("text-mixed-pressure", "fp8", "auto"),
         model=target,
         dtype="float32",
@@ -192,12 +197,12 @@ def test_preemption_and_chunked_prefill_keep_the_output(text_pair, measurements)
         num_gpu_blocks_override=16,
         max_num_batched_tokens=48,
         max_model_len=256,
-        speculative_config=e2e.dflash_spec_config(draft, kv_cache_dtype="auto"),
+        speculative_config=dflash_settings.dflash_spec_config(draft, kv_cache_dtype="auto"),
     )
-    ids, _ = e2e.generate_ids(llm, prompts(), MAX_TOKENS)
-    preemptions = e2e.engine_counter(llm, "vllm:num_preemptions")
-    counts = DraftCounts.read(e2e.spec_metrics(llm))
-    e2e.shutdown_llm()
+    ids, _ = greedy_runs.generate_ids(llm, prompts(), MAX_TOKENS)
+    preemptions = offline_engine.engine_counter(llm, "vllm:num_preemptions")
+    counts = DraftCounts.read(offline_engine.spec_metrics(llm))
+    offline_engine.shutdown_llm()
     report = lossless.compare_all([f"prompt {j}" for j in range(len(want))], ids, want, dtype="float32")
     measurements["target fp8 + drafter auto under KV pressure, chunked prefill"] = {
         **report.summary(),

@@ -32,9 +32,13 @@ starts of its own.
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
 import lossless
+import offline_engine
+import pair_cache
 import pytest
+import worker_probes
 from draft_counts import DraftCounts
 
 PER_COMMIT = ("qwen3_5_moe",)
@@ -93,9 +97,9 @@ def family(request):
 def family_reference_runs(family, family_pair):
     """Target-only greedy outputs, fp8 KV, float32, no prefix caching: the
     family prompts, then the prompts that share a long prefix."""
-    prompts = e2e.family_prompts()
-    ids = e2e.family_outputs(
-        family, family_pair, dflash=False, max_tokens=MAX_TOKENS, prompts=prompts + e2e.shared_prefix_prompts()
+    prompts = greedy_runs.family_prompts()
+    ids = greedy_runs.family_outputs(
+        family, family_pair, dflash=False, max_tokens=MAX_TOKENS, prompts=prompts + greedy_runs.shared_prefix_prompts()
     )["ids"]
     return {"family prompts": ids[: len(prompts)], "shared prefix": ids[len(prompts) :]}
 
@@ -107,7 +111,7 @@ def family_reference(family_reference_runs):
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    return e2e.family_outputs(
+    return greedy_runs.family_outputs(
         family,
         family_pair,
         dflash=True,
@@ -175,10 +179,10 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = family_pair
-    spec = e2e.dflash_spec_config(
+    spec = dflash_settings.dflash_spec_config(
         draft, **({} if prefix_drafter_dtype is None else {"kv_cache_dtype": prefix_drafter_dtype})
     )
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         (f"family-{family}", "dflash-prefix-caching", prefix_drafter_dtype),
         model=target,
         dtype="float32",
@@ -194,12 +198,18 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
         "accepted": "vllm:spec_decode_num_accepted_tokens",
     }
     passes = []
-    for prompts in (e2e.family_prompts(), e2e.shared_prefix_prompts(), e2e.shared_prefix_prompts()):
-        before = {k: e2e.engine_counter(llm, n) for k, n in names.items()}
-        ids, _ = e2e.generate_ids(llm, prompts, MAX_TOKENS)
-        passes.append({"ids": ids, **{k: int(e2e.engine_counter(llm, n) - before[k]) for k, n in names.items()}})
-    state = llm.collective_rpc(e2e.worker_kv_state)[0]
-    e2e.shutdown_llm()
+    for prompts in (
+        greedy_runs.family_prompts(),
+        greedy_runs.shared_prefix_prompts(),
+        greedy_runs.shared_prefix_prompts(),
+    ):
+        before = {k: offline_engine.engine_counter(llm, n) for k, n in names.items()}
+        ids, _ = greedy_runs.generate_ids(llm, prompts, MAX_TOKENS)
+        passes.append(
+            {"ids": ids, **{k: int(offline_engine.engine_counter(llm, n) - before[k]) for k, n in names.items()}}
+        )
+    state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+    offline_engine.shutdown_llm()
     return {"family prompts": passes[0], "shared prefix": passes[1:], "state": state}
 
 
@@ -212,7 +222,7 @@ def test_prefix_cache_hits_keep_the_output(
     whatever the cache does: the counters are reported, not compared."""
     want = family_reference_runs["shared prefix"]
     passes = family_prefix_cached["shared prefix"]
-    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in e2e.shared_prefix_prompts())
+    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in greedy_runs.shared_prefix_prompts())
     measurements[f"family {family} prefix caching (fp8 KV, float32, drafter {prefix_drafter_dtype or 'inherits'})"] = [
         {k: v for k, v in p.items() if k != "ids"} for p in passes
     ]
@@ -292,7 +302,7 @@ def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measuremen
 
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
-    shutil.copytree(os.path.dirname(e2e.make_family_pair("qwen3_5_moe")[0]), tmp_path / "fam")
+    shutil.copytree(os.path.dirname(pair_cache.make_family_pair("qwen3_5_moe")[0]), tmp_path / "fam")
     generate, serve = commands(block_with("bash", "python -m vllm.fork.tiny_families"))
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     proc = subprocess.run(["bash", "-c", generate], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -375,22 +385,22 @@ def test_a_drafter_with_other_heads_behind_the_hybrid_moe_target(
     target, draft = family_pair
     other = _drafter_with_heads(draft, tmp_path / "draft", num_heads=8, num_kv_heads=4, head_dim=64)
     want = family_reference_runs["shared prefix"]
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         (f"family-{family}", "other-heads"),
         model=target,
         dtype="float32",
         kv_cache_dtype="fp8",
         enable_prefix_caching=True,
-        speculative_config=e2e.dflash_spec_config(other),
+        speculative_config=dflash_settings.dflash_spec_config(other),
         **serve_overrides(family),
     )
     passes = []
     for _ in range(2):
-        before = e2e.engine_counter(llm, "vllm:prefix_cache_hits")
-        ids, _ = e2e.generate_ids(llm, e2e.shared_prefix_prompts(), MAX_TOKENS)
-        passes.append({"ids": ids, "hits": int(e2e.engine_counter(llm, "vllm:prefix_cache_hits") - before)})
-    layers = llm.collective_rpc(e2e.worker_kv_state)[0]["layers"]
-    e2e.shutdown_llm()
+        before = offline_engine.engine_counter(llm, "vllm:prefix_cache_hits")
+        ids, _ = greedy_runs.generate_ids(llm, greedy_runs.shared_prefix_prompts(), MAX_TOKENS)
+        passes.append({"ids": ids, "hits": int(offline_engine.engine_counter(llm, "vllm:prefix_cache_hits") - before)})
+    layers = llm.collective_rpc(worker_probes.worker_kv_state)[0]["layers"]
+    offline_engine.shutdown_llm()
     blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
     measurements[f"family {family}, drafter with other heads, prefix caching"] = {
         "hits": [p["hits"] for p in passes],

@@ -17,9 +17,13 @@ DFlash equals target-only (bf16: vLLM's near-tie rule).
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
+import offline_engine
+import pair_cache
 import pytest
 import torch
+import worker_probes
 
 AMX_FAMILY = "llama"
 MAX_TOKENS = 48
@@ -27,7 +31,7 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def fp8_pair():
-    return e2e.make_family_pair(AMX_FAMILY, fp8_weights=True)
+    return pair_cache.make_family_pair(AMX_FAMILY, fp8_weights=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def fp8_config_pair(tmp_path_factory):
 
     from vllm.fork import tiny_families
 
-    target, draft = e2e.make_family_pair("qwen3_5_moe")
+    target, draft = pair_cache.make_family_pair("qwen3_5_moe")
     copy = tmp_path_factory.mktemp("fp8-config") / "target"
     copy.mkdir()
     for f in Path(target).iterdir():
@@ -64,7 +68,7 @@ def test_engine_config_quantizes_the_target_and_not_the_drafter(fp8_config_pair)
         dtype="bfloat16",
         kv_cache_dtype="fp8",
         max_model_len=1024,
-        speculative_config=e2e.dflash_spec_config(draft),
+        speculative_config=dflash_settings.dflash_spec_config(draft),
         **serve_overrides("qwen3_5_moe"),
     ).create_engine_config()
     quant = config.quant_config
@@ -94,20 +98,23 @@ def _worker_draft_linear_methods(worker) -> dict:
 )
 def test_dflash_runs_behind_the_fp8_weight_target_on_amx(fp8_pair, measurements):
     target, draft = fp8_pair
-    prompts = e2e.PROMPTS
-    llm = e2e.start_llm(("fp8-weights", "target"), model=target, kv_cache_dtype="fp8")
-    want_ids, want_logprobs = e2e.generate_with_logprobs(llm, prompts, MAX_TOKENS)
-    llm = e2e.start_llm(
-        ("fp8-weights", "dflash"), model=target, kv_cache_dtype="fp8", speculative_config=e2e.dflash_spec_config(draft)
+    prompts = greedy_runs.PROMPTS
+    llm = offline_engine.start_llm(("fp8-weights", "target"), model=target, kv_cache_dtype="fp8")
+    want_ids, want_logprobs = greedy_runs.generate_with_logprobs(llm, prompts, MAX_TOKENS)
+    llm = offline_engine.start_llm(
+        ("fp8-weights", "dflash"),
+        model=target,
+        kv_cache_dtype="fp8",
+        speculative_config=dflash_settings.dflash_spec_config(draft),
     )
-    got_ids, got_logprobs = e2e.generate_with_logprobs(llm, prompts, MAX_TOKENS)
+    got_ids, got_logprobs = greedy_runs.generate_with_logprobs(llm, prompts, MAX_TOKENS)
     methods = llm.collective_rpc(_worker_draft_linear_methods)[0]
-    state = llm.collective_rpc(e2e.worker_kv_state)[0]
-    e2e.shutdown_llm()
+    state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+    offline_engine.shutdown_llm()
     assert methods and set(methods.values()) == {"UnquantizedLinearMethod"}, methods
     draft_layers = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
     assert draft_layers and all(s["kv_cache_dtype"] == "fp8" for s in draft_layers.values()), draft_layers
-    report = e2e.near_tie_report(
+    report = greedy_runs.near_tie_report(
         {"ids": got_ids, "logprobs": got_logprobs}, {"ids": want_ids, "logprobs": want_logprobs}
     )
     measurements["fp8-weight target (AMX)"] = report.summary()

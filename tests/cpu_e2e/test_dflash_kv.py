@@ -13,10 +13,13 @@ load in tests/serve_load, whose server and reference run in float32).
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
 import lossless
+import offline_engine
 import pytest
 import torch
+import worker_probes
 from draft_counts import DraftCounts
 
 EXPECTED_TENSOR_DTYPE = {
@@ -29,10 +32,10 @@ EXPECTED_TENSOR_DTYPE = {
 
 # Every KV dtype the CPU supports. What patch 0001 changes in the drafter's
 # layers is proven without an engine (tests/engine/test_dflash_draft_layer_configs.py).
-over_kv_dtypes = pytest.mark.parametrize("kv_dtype", e2e.KV_DTYPES, indirect=True)
+over_kv_dtypes = pytest.mark.parametrize("kv_dtype", dflash_settings.KV_DTYPES, indirect=True)
 
 
-@pytest.fixture(scope="module", params=e2e.KV_DTYPES)
+@pytest.fixture(scope="module", params=dflash_settings.KV_DTYPES)
 def kv_dtype(request):
     return request.param
 
@@ -41,10 +44,10 @@ def kv_dtype(request):
 def reference(kv_dtype, partial_pair, measurements):
     """Target-only greedy outputs (and KV state) for this KV dtype."""
     target, _ = partial_pair
-    llm = e2e.start_llm(("target", kv_dtype), model=target, kv_cache_dtype=kv_dtype)
-    ids, logprobs = e2e.generate_with_logprobs(llm)
-    state = llm.collective_rpc(e2e.worker_kv_state)[0]
-    e2e.shutdown_llm()
+    llm = offline_engine.start_llm(("target", kv_dtype), model=target, kv_cache_dtype=kv_dtype)
+    ids, logprobs = greedy_runs.generate_with_logprobs(llm)
+    state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+    offline_engine.shutdown_llm()
     measurements[f"blocks target-only kv={kv_dtype}"] = state["num_blocks"]
     return {"ids": ids, "logprobs": logprobs, "state": state}
 
@@ -55,21 +58,21 @@ def dflash(kv_dtype, partial_pair):
     wait for the target-only reference, so a run of the guards alone (the
     necessity proof of 0001) starts one engine, not two."""
     target, draft = partial_pair
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("dflash-partial", kv_dtype),
         model=target,
         kv_cache_dtype=kv_dtype,
-        speculative_config=e2e.dflash_spec_config(draft),
+        speculative_config=dflash_settings.dflash_spec_config(draft),
     )
-    probe = llm.collective_rpc(e2e.worker_install_qsl_probe)
+    probe = llm.collective_rpc(worker_probes.worker_install_qsl_probe)
     assert probe == ["installed"] or probe == ["reset"]
-    ids, logprobs = e2e.generate_with_logprobs(llm)
+    ids, logprobs = greedy_runs.generate_with_logprobs(llm)
     return {
         "ids": ids,
         "logprobs": logprobs,
-        "state": llm.collective_rpc(e2e.worker_kv_state)[0],
-        "qsl": llm.collective_rpc(e2e.worker_read_qsl_probe)[0],
-        "metrics": e2e.spec_metrics(llm),
+        "state": llm.collective_rpc(worker_probes.worker_kv_state)[0],
+        "qsl": llm.collective_rpc(worker_probes.worker_read_qsl_probe)[0],
+        "metrics": offline_engine.spec_metrics(llm),
     }
 
 
@@ -102,7 +105,7 @@ def test_kv_capacity_follows_kv_dtype(kv_dtype, dflash, measurements):
 
     state = dflash["state"]
     space = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * (1 << 30))
-    elem = e2e.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
+    elem = dflash_settings.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
     per_block = 0
     for s in state["layers"].values():
         _two, _nb, kv_heads, block_size, head = s["tensor_shape"]
@@ -139,13 +142,13 @@ def test_greedy_dflash_is_lossless(kv_dtype, dflash, reference, measurements):
     drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements[f"mean acceptance length partial kv={kv_dtype}"] = round(mal, 3)
     print(
-        f"\n[e2e] kv={kv_dtype}: {len(e2e.PROMPTS)} prompts x {e2e.MAX_TOKENS} tokens, "
+        f"\n[e2e] kv={kv_dtype}: {len(greedy_runs.PROMPTS)} prompts x {dflash_settings.MAX_TOKENS} tokens, "
         f"drafts {drafts}, accepted {accepted}, mean acceptance length {mal:.3f}, "
         f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}"
     )
-    assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, m
-    assert all(len(got) == e2e.MAX_TOKENS for got in dflash["ids"])
-    report = e2e.near_tie_report(dflash, reference)
+    assert drafts > 0 and 0 < accepted < drafts * dflash_settings.NUM_SPEC_TOKENS, m
+    assert all(len(got) == dflash_settings.MAX_TOKENS for got in dflash["ids"])
+    report = greedy_runs.near_tie_report(dflash, reference)
     measurements[f"lossless bf16 kv={kv_dtype}"] = report.summary()
     print(f"[e2e] kv={kv_dtype}: {report.explain()}")
     assert report.ok, report.explain()
@@ -164,16 +167,16 @@ def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
     from vllm.fork.tiny_pairs import trained_prompts
 
     target, _ = trained_pair
-    prompts = [*e2e.PROMPTS, *({"prompt_token_ids": ids} for ids in trained_prompts()[:2])]
+    prompts = [*greedy_runs.PROMPTS, *({"prompt_token_ids": ids} for ids in trained_prompts()[:2])]
     keys = [f"prompt {i}" for i in range(len(prompts))]
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("target-trained", "fp32"), model=target, dtype="float32", kv_cache_dtype="auto", enable_prefix_caching=False
     )
-    want, _ = e2e.generate_ids(llm, prompts)
-    llm = e2e.start_trained_fp32(trained_pair)
-    before = e2e.spec_metrics(llm)
-    got, _ = e2e.generate_ids(llm, prompts)
-    after = e2e.spec_metrics(llm)
+    want, _ = greedy_runs.generate_ids(llm, prompts)
+    llm = offline_engine.start_trained_fp32(trained_pair)
+    before = offline_engine.spec_metrics(llm)
+    got, _ = greedy_runs.generate_ids(llm, prompts)
+    after = offline_engine.spec_metrics(llm)
     counts = DraftCounts.between(before, after)
     drafts, accepted = counts.drafts, counts.accepted
     report = lossless.compare_all(keys, got, want, dtype="float32")
@@ -183,6 +186,6 @@ def test_greedy_dflash_is_exact_in_float32_auto_kv(trained_pair, measurements):
         "accepted": accepted,
     }
     print(f"\n[e2e] float32 kv=auto: drafts {drafts}, accepted {accepted}; {report.explain()}")
-    assert all(len(ids) == e2e.MAX_TOKENS for ids in got)
-    assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, (drafts, accepted)
+    assert all(len(ids) == dflash_settings.MAX_TOKENS for ids in got)
+    assert drafts > 0 and 0 < accepted < drafts * dflash_settings.NUM_SPEC_TOKENS, (drafts, accepted)
     assert report.ok and len(report.exact) == len(prompts), report.explain()

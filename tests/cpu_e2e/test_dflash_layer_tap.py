@@ -16,9 +16,11 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import dflash_e2e as e2e
+import greedy_runs
+import offline_engine
 import pytest
 import torch
+import worker_probes
 
 
 def _runner_aux_layers(hf_config):
@@ -75,7 +77,7 @@ def test_runner_passes_eagle3_aux_layer_ids_through():
 # --- live engine (fp32, so that layer L and L - 1 are told apart) ----------
 def _trained_llm(trained_pair):
     # the engine test_dflash_kv.py's float32 losslessness check leaves running
-    return e2e.start_trained_fp32(trained_pair)
+    return offline_engine.start_trained_fp32(trained_pair)
 
 
 def _prompts(draft: str) -> list[dict]:
@@ -91,11 +93,11 @@ def test_drafter_gets_outputs_of_target_layer_ids(trained_pair, measurements):
 
     target, draft = trained_pair
     llm = _trained_llm(trained_pair)
-    print(f"\n[e2e] runner aux layers: {llm.collective_rpc(e2e.worker_aux_layers)[0]}")
-    llm.collective_rpc(e2e.worker_record_first_propose)
+    print(f"\n[e2e] runner aux layers: {llm.collective_rpc(worker_probes.worker_aux_layers)[0]}")
+    llm.collective_rpc(worker_probes.worker_record_first_propose)
     prompt = _prompts(draft)[0]
-    e2e.generate_ids(llm, [prompt], max_tokens=2)
-    (seen,) = llm.collective_rpc(e2e.worker_read_first_propose)[0]
+    greedy_runs.generate_ids(llm, [prompt], max_tokens=2)
+    (seen,) = llm.collective_rpc(worker_probes.worker_read_first_propose)[0]
 
     ids = prompt["prompt_token_ids"]
     assert seen["target_token_ids"].tolist() == ids  # the prefill step
@@ -125,13 +127,13 @@ def _acceptance(llm, prompts) -> tuple[list[int], list[list[int]]]:
     """[drafts, accepted at position 1, 2, ...] for one generate() call."""
 
     def counters():
-        m = e2e.spec_metrics(llm)
+        m = offline_engine.spec_metrics(llm)
         return [int(m["vllm:spec_decode_num_drafts"])] + [
             int(v) for v in m["vllm:spec_decode_num_accepted_tokens_per_pos"]
         ]
 
     before = counters()
-    ids, _ = e2e.generate_ids(llm, prompts, max_tokens=_new_tokens())
+    ids, _ = greedy_runs.generate_ids(llm, prompts, max_tokens=_new_tokens())
     return [a - b for a, b in zip(counters(), before)], ids
 
 
@@ -154,13 +156,15 @@ def test_trained_drafter_accepts_more_with_its_layers(trained_pair, measurements
     record = _training_record(draft)
     llm = _trained_llm(trained_pair)
     prompts = _prompts(draft)
-    own_layers = llm.collective_rpc(e2e.worker_aux_layers)[0]
+    own_layers = llm.collective_rpc(worker_probes.worker_aux_layers)[0]
     build, build_ids = _acceptance(llm, prompts)
     try:
-        assert llm.collective_rpc(e2e.worker_set_aux_layers, args=(TARGET_LAYER_IDS,))[0] == tuple(TARGET_LAYER_IDS)
+        assert llm.collective_rpc(worker_probes.worker_set_aux_layers, args=(TARGET_LAYER_IDS,))[0] == tuple(
+            TARGET_LAYER_IDS
+        )
         unshifted, unshifted_ids = _acceptance(llm, prompts)
     finally:
-        llm.collective_rpc(e2e.worker_set_aux_layers, args=(own_layers,))
+        llm.collective_rpc(worker_probes.worker_set_aux_layers, args=(own_layers,))
 
     rows = {
         f"this build (aux layers {own_layers})": build,

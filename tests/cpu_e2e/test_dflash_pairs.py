@@ -3,8 +3,11 @@ KV cache has scales of its own (they must reach the draft attention)."""
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
+import offline_engine
 import pytest
+import worker_probes
 from draft_counts import DraftCounts
 
 
@@ -14,9 +17,9 @@ from draft_counts import DraftCounts
 def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     from vllm.fork.tiny_pairs import FULL_TOKEN
 
-    llm = e2e.start_dflash_fp8("dflash-full", full_pair)
-    ids, _ = e2e.generate_ids(llm)
-    m = e2e.spec_metrics(llm)
+    llm = offline_engine.start_dflash_fp8("dflash-full", full_pair)
+    ids, _ = greedy_runs.generate_ids(llm)
+    m = offline_engine.spec_metrics(llm)
     counts = DraftCounts.read(m)
     drafts, draft_tokens, accepted = counts.drafts, counts.draft_tokens, counts.accepted
     mal = counts.mean_acceptance_length
@@ -24,12 +27,12 @@ def test_full_acceptance_pair_accepts_every_draft(full_pair, measurements):
     print(
         f"\n[e2e] full pair: drafts {drafts}, draft tokens {draft_tokens}, accepted {accepted}, "
         f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, "
-        f"mean acceptance length {mal:.3f} (num_speculative_tokens + 1 = {e2e.NUM_SPEC_TOKENS + 1})"
+        f"mean acceptance length {mal:.3f} (num_speculative_tokens + 1 = {dflash_settings.NUM_SPEC_TOKENS + 1})"
     )
-    assert all(t == [FULL_TOKEN] * e2e.MAX_TOKENS for t in ids)
+    assert all(t == [FULL_TOKEN] * dflash_settings.MAX_TOKENS for t in ids)
     assert drafts > 0
-    assert accepted == draft_tokens == drafts * e2e.NUM_SPEC_TOKENS
-    assert mal == e2e.NUM_SPEC_TOKENS + 1
+    assert accepted == draft_tokens == drafts * dflash_settings.NUM_SPEC_TOKENS
+    assert mal == dflash_settings.NUM_SPEC_TOKENS + 1
 
 
 def test_stop_string_inside_an_accepted_block_ends_the_output_there(full_pair):
@@ -42,13 +45,13 @@ def test_stop_string_inside_an_accepted_block_ends_the_output_there(full_pair):
     from vllm import SamplingParams
     from vllm.fork.tiny_pairs import FULL_TOKEN
 
-    llm = e2e.start_dflash_fp8("dflash-full", full_pair)
+    llm = offline_engine.start_dflash_fp8("dflash-full", full_pair)
     stop = chr(FULL_TOKEN) * 3
     params = [
         SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], logprobs=0, include_stop_str_in_output=include)
         for include in (False, True)
     ]
-    excluded, included = (llm.generate([e2e.PROMPTS[0]], p, use_tqdm=False)[0].outputs[0] for p in params)
+    excluded, included = (llm.generate([greedy_runs.PROMPTS[0]], p, use_tqdm=False)[0].outputs[0] for p in params)
     for out, text in ((excluded, ""), (included, stop)):
         assert list(out.token_ids) == [FULL_TOKEN] * 3, out
         assert len(out.logprobs) == 3, out.logprobs
@@ -63,14 +66,14 @@ def test_draft_attention_works_with_repacked_linear_weights(full_pair):
     full pair's engine from the test above when it runs first."""
     from vllm.fork.tiny_pairs import FULL_TOKEN
 
-    llm = e2e.start_dflash_fp8("dflash-full", full_pair)
-    changed, already = llm.collective_rpc(e2e.worker_repack_draft_linear_weights)[0]
+    llm = offline_engine.start_dflash_fp8("dflash-full", full_pair)
+    changed, already = llm.collective_rpc(worker_probes.worker_repack_draft_linear_weights)[0]
     try:
-        before = e2e.spec_metrics(llm)["vllm:spec_decode_num_drafts"]
-        ids, _ = e2e.generate_ids(llm, max_tokens=16)
-        drafts = e2e.spec_metrics(llm)["vllm:spec_decode_num_drafts"] - before
+        before = offline_engine.spec_metrics(llm)["vllm:spec_decode_num_drafts"]
+        ids, _ = greedy_runs.generate_ids(llm, max_tokens=16)
+        drafts = offline_engine.spec_metrics(llm)["vllm:spec_decode_num_drafts"] - before
     finally:
-        e2e.shutdown_llm()  # the drafter is altered: no later test may reuse it
+        offline_engine.shutdown_llm()  # the drafter is altered: no later test may reuse it
     print(
         f"\n[e2e] repacked {changed} draft linear layers here, {already} by the base's own GEMM dispatch; "
         f"{drafts} drafts after that"
@@ -86,10 +89,10 @@ def test_draft_kv_scales_reach_draft_attention(kv_scales_pair, measurements):
     with quant_config passed to the draft layers they load the scales.
     (The k_scale/v_scale parameters themselves are gone after loading: vLLM
     folds them into the layer's float scales, which is what we read.)"""
-    llm = e2e.start_dflash_fp8("dflash-kvscales", kv_scales_pair)
-    ids, _ = e2e.generate_ids(llm, max_tokens=32)
-    state = llm.collective_rpc(e2e.worker_kv_state)[0]
-    e2e.shutdown_llm()
+    llm = offline_engine.start_dflash_fp8("dflash-kvscales", kv_scales_pair)
+    ids, _ = greedy_runs.generate_ids(llm, max_tokens=32)
+    state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+    offline_engine.shutdown_llm()
     draft_layers = {n: s for n, s in state["layers"].items() if s["role"] == "draft"}
     target_layers = {n: s for n, s in state["layers"].items() if s["role"] == "target"}
     print(

@@ -29,7 +29,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import dflash_e2e as e2e
+import dflash_settings
 import parallel_workers
 import pytest
 from vllm_server import VllmServer, free_port, http
@@ -60,7 +60,7 @@ LONG_MAX_TOKENS = 400
 
 
 def serve_args(draft: str) -> list[str]:
-    return e2e.dflash_fp8_serve_args(draft, dtype="float32")
+    return dflash_settings.dflash_fp8_serve_args(draft, dtype="float32")
 
 
 def _env(bind: str) -> dict[str, str]:

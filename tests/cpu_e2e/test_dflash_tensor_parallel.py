@@ -22,9 +22,12 @@ import json
 import os
 import time
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
+import offline_engine
 import parallel_workers
 import pytest
+import worker_probes
 from draft_counts import DraftCounts
 from vllm_server import VllmServer
 
@@ -55,11 +58,11 @@ def start_tp_engine(key, pair, kv_dtype: str, dflash: bool, tp: int = TP, draft_
         kwargs["distributed_executor_backend"] = "mp"
     if dflash:
         extra = {} if draft_kv_dtype is None else {"kv_cache_dtype": draft_kv_dtype}
-        kwargs["speculative_config"] = e2e.dflash_spec_config(draft, **extra)
+        kwargs["speculative_config"] = dflash_settings.dflash_spec_config(draft, **extra)
     saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = parallel_workers.threads_bind_for_ranks(tp)
     try:
-        return e2e.start_llm(key, **kwargs)
+        return offline_engine.start_llm(key, **kwargs)
     finally:
         if saved is None:
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
@@ -72,15 +75,15 @@ def run(key, pair, kv_dtype: str, dflash: bool, tp: int = TP, draft_kv_dtype: st
     the engine is shut down after (its ranks take every core)."""
     llm = start_tp_engine(key, pair, kv_dtype, dflash, tp, draft_kv_dtype)
     try:
-        ids, texts = e2e.generate_ids(llm, PROMPTS, MAX_TOKENS)
+        ids, texts = greedy_runs.generate_ids(llm, PROMPTS, MAX_TOKENS)
         return {
             "ids": ids,
             "texts": texts,
-            "ranks": llm.collective_rpc(e2e.worker_kv_state),
-            "metrics": e2e.spec_metrics(llm) if dflash else {},
+            "ranks": llm.collective_rpc(worker_probes.worker_kv_state),
+            "metrics": offline_engine.spec_metrics(llm) if dflash else {},
         }
     finally:
-        e2e.shutdown_llm()
+        offline_engine.shutdown_llm()
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +221,7 @@ def test_full_acceptance_pair_reaches_k_plus_one_with_tp2(full_pair, measurement
     drafts, accepted, mal = counts.drafts, counts.accepted, counts.mean_acceptance_length
     measurements["TP=2 full pair fp8 mean acceptance length"] = mal
     assert all(ids == [FULL_TOKEN] * MAX_TOKENS for ids in out["ids"])
-    assert accepted == drafts * e2e.NUM_SPEC_TOKENS and mal == e2e.NUM_SPEC_TOKENS + 1
+    assert accepted == drafts * dflash_settings.NUM_SPEC_TOKENS and mal == dflash_settings.NUM_SPEC_TOKENS + 1
 
 
 def test_served_api_with_tp2(text_pair, tmp_path, measurements):
@@ -226,7 +229,7 @@ def test_served_api_with_tp2(text_pair, tmp_path, measurements):
     answers with the text and shows DFlash's counters."""
     target, draft = text_pair
     args = [
-        *e2e.dflash_fp8_serve_args(draft),
+        *dflash_settings.dflash_fp8_serve_args(draft),
         "--tensor-parallel-size",
         str(TP),
         "--distributed-executor-backend",
@@ -265,7 +268,7 @@ def test_pipeline_parallelism_with_a_dflash_drafter_fails_fast(text_pair, measur
             enforce_eager=True,
             pipeline_parallel_size=2,
             distributed_executor_backend="mp",
-            speculative_config=e2e.dflash_spec_config(draft),
+            speculative_config=dflash_settings.dflash_spec_config(draft),
         )
     seconds = time.monotonic() - t0
     measurements["PP=2 + DFlash refused"] = {

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-import dflash_e2e as e2e
+import dflash_settings
 import pytest
 from vllm_server import VllmServer, vllm_dist_skip_reason
 
@@ -40,7 +40,10 @@ def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp
         pytest.skip(reason)
     target, draft = partial_pair
     srv = VllmServer(
-        target, e2e.dflash_fp8_serve_args(draft), tmp_path / "server.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+        target,
+        dflash_settings.dflash_fp8_serve_args(draft),
+        tmp_path / "server.log",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     try:
         srv.start()
@@ -50,7 +53,7 @@ def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp
         body = {
             "model": srv.model_id(),
             "prompt": "a",
-            "max_tokens": e2e.MAX_MODEL_LEN - 8,
+            "max_tokens": dflash_settings.MAX_MODEL_LEN - 8,
             "ignore_eos": True,
             "temperature": 0.0,
         }

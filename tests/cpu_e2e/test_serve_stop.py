@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 
-import dflash_e2e as e2e
+import dflash_settings
 import pytest
 from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
 
@@ -26,7 +26,10 @@ def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, meas
         pytest.skip(reason)
     target, draft = partial_pair
     srv = VllmServer(
-        target, e2e.dflash_fp8_serve_args(draft), tmp_path / "server.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+        target,
+        dflash_settings.dflash_fp8_serve_args(draft),
+        tmp_path / "server.log",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     try:
         try:

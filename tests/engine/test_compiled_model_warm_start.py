@@ -61,7 +61,7 @@ def test_a_saved_plain_function_loads_without_compiling_again(monkeypatch, tmp_p
 START = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {support!r})
-    import dflash_e2e as e2e
+    import dflash_settings
     from vllm import LLM, SamplingParams
 
     def counters(worker):
@@ -71,7 +71,7 @@ START = textwrap.dedent("""
     if __name__ == "__main__":
         target, draft = {pair!r}
         llm = LLM(model=target, kv_cache_dtype="fp8", max_model_len=512, max_num_seqs=4, seed=0,
-                  speculative_config=e2e.dflash_spec_config(draft))
+                  speculative_config=dflash_settings.dflash_spec_config(draft))
         out = llm.generate(["Beautiful is better than"], SamplingParams(temperature=0, max_tokens=32))
         print("RESULT " + json.dumps({{"text": out[0].outputs[0].text,
                                       "counters": llm.collective_rpc(counters)[0]}}))

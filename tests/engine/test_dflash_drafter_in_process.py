@@ -57,7 +57,7 @@ if "--repacked-forward" in sys.argv:
     import torch
 
     sys.path.insert(0, sys.argv[sys.argv.index("--repacked-forward") + 1])
-    from dflash_e2e import repack_linear_weights
+    from worker_probes import repack_linear_weights
 
     repacked = sum(repack_linear_weights(model))  # changed here + repacked by the base already
 

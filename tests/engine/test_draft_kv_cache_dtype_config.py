@@ -19,9 +19,9 @@ pytestmark = pytest.mark.needs_patch("0027")
 
 @pytest.fixture(scope="module")
 def family_pair_qwen3_5_moe():
-    import dflash_e2e as e2e
+    import pair_cache
 
-    return e2e.make_family_pair("qwen3_5_moe")
+    return pair_cache.make_family_pair("qwen3_5_moe")
 
 
 def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None, **spec):

@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-import dflash_e2e as e2e
 import gpu_e2e
+import offline_engine
 import pytest
 
 _outcomes: dict[str, dict[str, str]] = {}
@@ -30,7 +30,7 @@ def measurements():
 def matrix(partial_pair, full_pair, measurements):
     m = gpu_e2e.Matrix(partial_pair, full_pair, measurements)
     yield m
-    e2e.shutdown_llm()
+    offline_engine.shutdown_llm()
 
 
 def pytest_runtest_logreport(report):

@@ -23,10 +23,11 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e
+import dflash_settings
 import engine_start_errors as ese
 import gpu_backends as gb
 import gpu_e2e
+import offline_engine
 
 HEAD = gpu_e2e.tiny_head_size()
 CAPABILITY = gb.current_capability()
@@ -52,7 +53,7 @@ def unsupported_cases(*guards):
 
 @pytest.fixture(scope="module")
 def start_errors(partial_pair, tmp_path_factory):
-    e2e.shutdown_llm()  # one engine at a time, also across modules
+    offline_engine.shutdown_llm()  # one engine at a time, also across modules
     target, draft = partial_pair
     cases = [
         {
@@ -61,10 +62,10 @@ def start_errors(partial_pair, tmp_path_factory):
             "draft": draft,
             "kv_cache_dtype": kv,
             "attention_backend": b,
-            "num_speculative_tokens": e2e.NUM_SPEC_TOKENS,
+            "num_speculative_tokens": dflash_settings.NUM_SPEC_TOKENS,
             "enforce_eager": True,
             "dtype": "bfloat16",
-            "max_model_len": e2e.MAX_MODEL_LEN,
+            "max_model_len": dflash_settings.MAX_MODEL_LEN,
             "max_num_seqs": 8,
             "seed": 0,
             **gpu_e2e.ENGINE_KW,

@@ -30,8 +30,11 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e
+import dflash_settings
 import gpu_e2e
+import greedy_runs
+import offline_engine
+import worker_probes
 from draft_counts import DraftCounts
 
 QUICK = (("fp8", "auto"), ("auto", "fp8"))
@@ -66,31 +69,33 @@ _references: dict[str, dict] = {}
 
 def reference(pair, target_dtype: str) -> dict:
     if target_dtype not in _references:
-        llm = e2e.start_llm(("cuda-text-target", target_dtype), model=pair[0], kv_cache_dtype=target_dtype, **ENGINE)
-        ids, logprobs = e2e.generate_with_logprobs(llm, e2e.text_line_prompts(), MAX_TOKENS)
+        llm = offline_engine.start_llm(
+            ("cuda-text-target", target_dtype), model=pair[0], kv_cache_dtype=target_dtype, **ENGINE
+        )
+        ids, logprobs = greedy_runs.generate_with_logprobs(llm, greedy_runs.text_line_prompts(), MAX_TOKENS)
         _references[target_dtype] = {"ids": ids, "logprobs": logprobs}
-        e2e.shutdown_llm()
+        offline_engine.shutdown_llm()
     return _references[target_dtype]
 
 
 @pytest.fixture(scope="module")
 def mixed(combination, text_pair):
     target_dtype, draft_dtype = combination
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("cuda-text-mixed", target_dtype, draft_dtype),
         model=text_pair[0],
         kv_cache_dtype=target_dtype,
         **ENGINE,
-        speculative_config=e2e.dflash_spec_config(text_pair[1], kv_cache_dtype=draft_dtype),
+        speculative_config=dflash_settings.dflash_spec_config(text_pair[1], kv_cache_dtype=draft_dtype),
     )
-    ids, logprobs = e2e.generate_with_logprobs(llm, e2e.text_line_prompts(), MAX_TOKENS)
+    ids, logprobs = greedy_runs.generate_with_logprobs(llm, greedy_runs.text_line_prompts(), MAX_TOKENS)
     out = {
         "ids": ids,
         "logprobs": logprobs,
-        "metrics": e2e.spec_metrics(llm),
-        "state": llm.collective_rpc(e2e.worker_kv_state)[0],
+        "metrics": offline_engine.spec_metrics(llm),
+        "state": llm.collective_rpc(worker_probes.worker_kv_state)[0],
     }
-    e2e.shutdown_llm()
+    offline_engine.shutdown_llm()
     return out
 
 
@@ -103,7 +108,7 @@ def test_each_layer_holds_its_asked_dtype_cuda(combination, mixed):
 
 def test_greedy_output_and_acceptance_cuda(combination, mixed, text_pair, measurements):
     target_dtype, draft_dtype = combination
-    report = e2e.near_tie_report(mixed, reference(text_pair, target_dtype))
+    report = greedy_runs.near_tie_report(mixed, reference(text_pair, target_dtype))
     counts = DraftCounts.read(mixed["metrics"])
     measurements[f"cuda target {target_dtype} + drafter {draft_dtype} (bf16)"] = {
         **report.summary(),

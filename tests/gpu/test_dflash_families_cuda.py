@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e
 import gpu_e2e
+import greedy_runs
 import lossless
 from draft_counts import DraftCounts
 
@@ -47,14 +47,16 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def family_reference(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=False, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3)[
-        "ids"
-    ]
+    return greedy_runs.family_outputs(
+        family, family_pair, dflash=False, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3
+    )["ids"]
 
 
 @pytest.fixture(scope="module")
 def family_dflash(family, family_pair):
-    return e2e.family_outputs(family, family_pair, dflash=True, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3)
+    return greedy_runs.family_outputs(
+        family, family_pair, dflash=True, max_tokens=MAX_TOKENS, gpu_memory_utilization=0.3
+    )
 
 
 def test_every_attention_layer_caches_fp8_cuda(family, family_dflash):

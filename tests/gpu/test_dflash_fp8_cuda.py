@@ -27,9 +27,10 @@ if not torch.cuda.is_available():
 
     pytest.skip(gpu_e2e.CUDA_SKIP_REASON, allow_module_level=True)
 
-import dflash_e2e as e2e
+import dflash_settings
 import gpu_backends as gb
 import gpu_e2e
+import greedy_runs
 
 HEAD = gpu_e2e.tiny_head_size()
 CAPABILITY = gb.current_capability()
@@ -94,7 +95,7 @@ def test_draft_layers_follow_kv_cache_dtype(case, matrix):
         assert s["kv_cache_dtype"] == kv, (name, s)
         assert s["impl_kv_cache_dtype"] == kv, (name, s)
         itemsize = getattr(torch, s["tensor_dtype"].removeprefix("torch.")).itemsize
-        assert itemsize == e2e.kv_bytes_per_elem(kv, torch.bfloat16), (name, s)
+        assert itemsize == dflash_settings.kv_bytes_per_elem(kv, torch.bfloat16), (name, s)
         if kv == "auto":
             assert s["tensor_dtype"] == "torch.bfloat16", (name, s)
 
@@ -156,10 +157,10 @@ def test_greedy_dflash_is_lossless(case, matrix, measurements):
         f"\n[gpu] {gpu_e2e.case_id(*case)}: drafts {drafts}, accepted {accepted}, mean acceptance "
         f"length {mal:.3f}, per position {run['metrics'].get('vllm:spec_decode_num_accepted_tokens_per_pos')}"
     )
-    assert drafts > 0 and 0 < accepted < drafts * e2e.NUM_SPEC_TOKENS, run["metrics"]
-    assert all(len(got) == e2e.MAX_TOKENS for got in run["ids"])
+    assert drafts > 0 and 0 < accepted < drafts * dflash_settings.NUM_SPEC_TOKENS, run["metrics"]
+    assert all(len(got) == dflash_settings.MAX_TOKENS for got in run["ids"])
     # bf16: equal, or parted at a near-tie (tests/support/lossless.py).
-    report = e2e.near_tie_report(run, ref)
+    report = greedy_runs.near_tie_report(run, ref)
     measurements[f"lossless {gpu_e2e.case_id(*case)}"] = report.summary()
     print(f"[gpu] {gpu_e2e.case_id(*case)}: {report.explain()}")
     assert report.ok, report.explain()
@@ -180,9 +181,9 @@ def test_full_acceptance_pair_accepts_every_draft(case, matrix, measurements):
     print(
         f"\n[gpu] {gpu_e2e.case_id(*case)} full pair: drafts {drafts}, accepted {accepted}, "
         f"per position {m.get('vllm:spec_decode_num_accepted_tokens_per_pos')}, mean "
-        f"acceptance length {mal:.3f} (k + 1 = {e2e.NUM_SPEC_TOKENS + 1})"
+        f"acceptance length {mal:.3f} (k + 1 = {dflash_settings.NUM_SPEC_TOKENS + 1})"
     )
-    assert all(t == [FULL_TOKEN] * e2e.MAX_TOKENS for t in run["ids"])
+    assert all(t == [FULL_TOKEN] * dflash_settings.MAX_TOKENS for t in run["ids"])
     assert drafts > 0
-    assert accepted == draft_tokens == drafts * e2e.NUM_SPEC_TOKENS
-    assert mal == e2e.NUM_SPEC_TOKENS + 1
+    assert accepted == draft_tokens == drafts * dflash_settings.NUM_SPEC_TOKENS
+    assert mal == dflash_settings.NUM_SPEC_TOKENS + 1

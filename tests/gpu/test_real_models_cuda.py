@@ -52,9 +52,10 @@ if not (REAL_TARGET and REAL_DRAFT):
         allow_module_level=True,
     )
 
-import dflash_e2e as e2e  # noqa: E402
+import dflash_settings  # noqa: E402
 import gpu_backends as gb  # noqa: E402
 import gpu_e2e  # noqa: E402
+import offline_engine  # noqa: E402
 from real_prompts import extracted_answer, gsm8k_answer, load_prompts, user_message  # noqa: E402
 
 DATASET_NAMES = ("gsm8k", "humaneval", "mt_bench")
@@ -133,7 +134,7 @@ class RealRuns:
             try:
                 self._cache[kv_dtype] = (True, self._run(kv_dtype))
             except Exception as e:
-                e2e.shutdown_llm()
+                offline_engine.shutdown_llm()
                 self._cache[kv_dtype] = (False, e)
                 raise
         ok, value = self._cache[kv_dtype]
@@ -149,11 +150,11 @@ class RealRuns:
                 f"no drafter backend validates DFlash with an fp8 KV cache on this GPU "
                 f"(sm {gb.current_capability()}; vLLM issue #41559)"
             )
-        llm = e2e.start_llm(
+        llm = offline_engine.start_llm(
             ("real", kv_dtype),
             model=REAL_TARGET,
             kv_cache_dtype=kv_dtype,
-            speculative_config=e2e.dflash_spec_config(
+            speculative_config=dflash_settings.dflash_spec_config(
                 REAL_DRAFT, num_speculative_tokens=SPEC_TOKENS, attention_backend=self.backend
             ),
             max_model_len=MAX_TOKENS + 2048,
@@ -176,9 +177,9 @@ class RealRuns:
                 )
                 for r in rows
             ]
-            before = e2e.spec_metrics(llm)
+            before = offline_engine.spec_metrics(llm)
             outs = llm.generate(prompts, params, use_tqdm=False)
-            m = _delta(before, e2e.spec_metrics(llm))
+            m = _delta(before, offline_engine.spec_metrics(llm))
             mal, drafts, accepted = gpu_e2e.mean_acceptance(m)
             per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
             results[dataset] = {
@@ -189,7 +190,7 @@ class RealRuns:
                 "texts": [o.outputs[0].text for o in outs],
                 "rows": rows,
             }
-        e2e.shutdown_llm()
+        offline_engine.shutdown_llm()
         return results
 
 
@@ -197,7 +198,7 @@ class RealRuns:
 def real():
     runs = RealRuns()
     yield runs
-    e2e.shutdown_llm()
+    offline_engine.shutdown_llm()
 
 
 DATASETS = [pytest.param(d, id=f"real-{d}") for d in DATASET_NAMES]

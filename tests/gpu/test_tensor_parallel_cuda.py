@@ -22,8 +22,11 @@ if torch.cuda.device_count() < MIN_GPUS:
         allow_module_level=True,
     )
 
-import dflash_e2e as e2e  # noqa: E402
+import dflash_settings  # noqa: E402
 import gpu_e2e  # noqa: E402
+import greedy_runs  # noqa: E402
+import offline_engine  # noqa: E402
+import worker_probes  # noqa: E402
 
 TP = 2
 MAX_TOKENS = 48
@@ -35,20 +38,22 @@ def _run(pair, dflash: bool) -> dict:
     target, draft = pair
     kwargs = dict(model=target, kv_cache_dtype="fp8", tensor_parallel_size=TP, **gpu_e2e.ENGINE_KW)
     if dflash:
-        kwargs["speculative_config"] = e2e.dflash_spec_config(draft)
-    llm = e2e.start_llm(("tp2", dflash), **kwargs)
+        kwargs["speculative_config"] = dflash_settings.dflash_spec_config(draft)
+    llm = offline_engine.start_llm(("tp2", dflash), **kwargs)
     try:
-        ids, logprobs = e2e.generate_with_logprobs(llm, PROMPTS, MAX_TOKENS)
-        texts = [o.outputs[0].text for o in llm.generate(PROMPTS, e2e.greedy_params(MAX_TOKENS), use_tqdm=False)]
+        ids, logprobs = greedy_runs.generate_with_logprobs(llm, PROMPTS, MAX_TOKENS)
+        texts = [
+            o.outputs[0].text for o in llm.generate(PROMPTS, greedy_runs.greedy_params(MAX_TOKENS), use_tqdm=False)
+        ]
         return {
             "ids": ids,
             "logprobs": logprobs,
             "texts": texts,
-            "ranks": llm.collective_rpc(e2e.worker_kv_state),
-            "metrics": e2e.spec_metrics(llm) if dflash else {},
+            "ranks": llm.collective_rpc(worker_probes.worker_kv_state),
+            "metrics": offline_engine.spec_metrics(llm) if dflash else {},
         }
     finally:
-        e2e.shutdown_llm()
+        offline_engine.shutdown_llm()
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +90,6 @@ def test_answer_is_the_text_and_drafts_are_accepted(dflash, measurements):
 
 
 def test_greedy_dflash_tp2_is_lossless(dflash, target_only, measurements):
-    report = e2e.near_tie_report(dflash, target_only)
+    report = greedy_runs.near_tie_report(dflash, target_only)
     measurements["TP=2 fp8 bf16 lossless"] = report.summary()
     assert report.ok, report.explain()

@@ -12,7 +12,8 @@ is trained on that target, so drafts are both accepted and rejected.
 
 from __future__ import annotations
 
-import dflash_e2e as e2e
+import dflash_settings
+import offline_engine
 import pytest
 import serve_workload as workload
 from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
@@ -30,7 +31,7 @@ def references(trained_pair, load_jobs):
     if reason := vllm_dist_skip_reason():
         pytest.skip(reason)
     target, _ = trained_pair
-    llm = e2e.start_llm(
+    llm = offline_engine.start_llm(
         ("serve-load-target", workload.MODEL_DTYPE, workload.KV_DTYPE),
         model=target,
         dtype=workload.MODEL_DTYPE,
@@ -49,7 +50,7 @@ def references(trained_pair, load_jobs):
             ],
         )
     finally:
-        e2e.shutdown_llm()
+        offline_engine.shutdown_llm()
     return refs
 
 
@@ -58,7 +59,7 @@ def server(trained_pair, tmp_path_factory):
     target, draft = trained_pair
     srv = VllmServer(
         target,
-        workload.server_args(e2e.dflash_spec_config(draft)),
+        workload.server_args(dflash_settings.dflash_spec_config(draft)),
         tmp_path_factory.mktemp("serve-load") / "server.log",
         env=workload.SERVER_ENV,
     )

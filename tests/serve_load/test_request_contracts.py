@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import dflash_e2e as e2e
+import dflash_settings
 import pytest
 import serve_workload as workload
 from stepwise_outputs import final_output, generate_in_steps
@@ -223,7 +223,7 @@ def test_seeded_sampling_is_reproducible_alone_and_under_concurrency(live_server
 
 # Around one speculative step: fewer tokens than a step drafts, exactly a
 # step's worth, and past it.
-MAX_TOKENS_CASES = range(1, e2e.NUM_SPEC_TOKENS + 3)
+MAX_TOKENS_CASES = range(1, dflash_settings.NUM_SPEC_TOKENS + 3)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

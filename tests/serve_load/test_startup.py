@@ -11,7 +11,7 @@ import json
 import shutil
 import subprocess
 
-import dflash_e2e as e2e
+import dflash_settings
 import pytest
 import serve_workload as workload
 from vllm_server import VllmServer, vllm_dist_skip_reason
@@ -26,7 +26,7 @@ CHILD_EXIT_GRACE_S = 60
 
 
 def _spec(draft: str, **override) -> str:
-    return json.dumps({**e2e.dflash_spec_config(draft), **override})
+    return json.dumps({**dflash_settings.dflash_spec_config(draft), **override})
 
 
 @pytest.mark.parametrize("case", ["not-json", "unknown-method", "negative-tokens", "missing-draft", "target-as-draft"])
@@ -74,7 +74,7 @@ def test_engine_start_up_failure_leaves_nothing_behind(partial_pair, tmp_path, f
         weights.write_bytes(weights.read_bytes()[:64])
     srv = VllmServer(
         target,
-        workload.server_args(e2e.dflash_spec_config(str(broken))),
+        workload.server_args(dflash_settings.dflash_spec_config(str(broken))),
         tmp_path / "server.log",
         env=workload.SERVER_ENV,
     ).spawn()

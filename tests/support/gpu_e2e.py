@@ -1,6 +1,6 @@
-"""Helpers for the CUDA DFlash suite (tests/gpu), on top of dflash_e2e.
+"""Helpers for the CUDA DFlash suite (tests/gpu), on top of the CPU e2e helpers (offline_engine, greedy_runs, worker_probes).
 
-One engine is alive at a time (dflash_e2e.start_llm shuts the previous one
+One engine is alive at a time (offline_engine.start_llm shuts the previous one
 down). :class:`Matrix` computes what each (kv dtype, drafter backend, CUDA
 graphs) case needs once -- target-only reference, DFlash engine on the
 partial pair, DFlash engine on the full-acceptance pair -- keeps the results
@@ -19,8 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import dflash_e2e as e2e
+import dflash_settings
+import greedy_runs
+import offline_engine
 import torch
+import worker_probes
 from draft_counts import DraftCounts
 from repo_paths import SUPPORT
 
@@ -84,7 +87,7 @@ def expected_blocks(
 ) -> tuple[int, int]:
     """(blocks, bytes per block over all attention layers) at ``memory_bytes``:
     every target and draft layer keeps K and V for ``block_size`` tokens."""
-    elem = e2e.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
+    elem = dflash_settings.kv_bytes_per_elem(kv_dtype, torch.bfloat16)
     per_block = 0
     for cfg in pair_config.values():
         head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -119,7 +122,7 @@ class Matrix:
                 self._cache[key] = (True, fn())
             except Exception as e:
                 self._cache[key] = (False, e)
-                e2e.shutdown_llm()
+                offline_engine.shutdown_llm()
                 raise
         ok, value = self._cache[key]
         if not ok:
@@ -132,10 +135,12 @@ class Matrix:
     def reference(self, kv_dtype: str, eager: bool) -> dict:
         def run():
             target, _ = self.partial_pair
-            llm = e2e.start_llm(("gpu-target", kv_dtype, eager), model=target, **self._engine_kw(kv_dtype, eager))
-            ids, logprobs = e2e.generate_with_logprobs(llm)
-            state = llm.collective_rpc(e2e.worker_kv_state)[0]
-            e2e.shutdown_llm()
+            llm = offline_engine.start_llm(
+                ("gpu-target", kv_dtype, eager), model=target, **self._engine_kw(kv_dtype, eager)
+            )
+            ids, logprobs = greedy_runs.generate_with_logprobs(llm)
+            state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
+            offline_engine.shutdown_llm()
             self.measurements[f"blocks target-only kv={kv_dtype} eager={eager}"] = state["num_blocks"]
             return {"ids": ids, "logprobs": logprobs, "state": state}
 
@@ -145,24 +150,24 @@ class Matrix:
         def run():
             target, draft = self.partial_pair
             t0 = time.monotonic()
-            llm = e2e.start_llm(
+            llm = offline_engine.start_llm(
                 ("gpu-dflash-partial", kv_dtype, backend, eager),
                 model=target,
-                speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
+                speculative_config=dflash_settings.dflash_spec_config(draft, attention_backend=backend),
                 **self._engine_kw(kv_dtype, eager),
             )
             start_s = time.monotonic() - t0
-            llm.collective_rpc(e2e.worker_install_qsl_probe)
-            ids, logprobs = e2e.generate_with_logprobs(llm)
+            llm.collective_rpc(worker_probes.worker_install_qsl_probe)
+            ids, logprobs = greedy_runs.generate_with_logprobs(llm)
             out = {
                 "ids": ids,
                 "logprobs": logprobs,
-                "state": llm.collective_rpc(e2e.worker_kv_state)[0],
-                "qsl": llm.collective_rpc(e2e.worker_read_qsl_probe)[0],
-                "metrics": e2e.spec_metrics(llm),
+                "state": llm.collective_rpc(worker_probes.worker_kv_state)[0],
+                "qsl": llm.collective_rpc(worker_probes.worker_read_qsl_probe)[0],
+                "metrics": offline_engine.spec_metrics(llm),
                 "start_s": start_s,
             }
-            e2e.shutdown_llm()
+            offline_engine.shutdown_llm()
             return out
 
         return self._cached(("dflash", kv_dtype, backend, eager), run)
@@ -170,15 +175,15 @@ class Matrix:
     def full(self, kv_dtype: str, backend: str, eager: bool) -> dict:
         def run():
             target, draft = self.full_pair
-            llm = e2e.start_llm(
+            llm = offline_engine.start_llm(
                 ("gpu-dflash-full", kv_dtype, backend, eager),
                 model=target,
-                speculative_config=e2e.dflash_spec_config(draft, attention_backend=backend),
+                speculative_config=dflash_settings.dflash_spec_config(draft, attention_backend=backend),
                 **self._engine_kw(kv_dtype, eager),
             )
-            ids, _ = e2e.generate_ids(llm)
-            out = {"ids": ids, "metrics": e2e.spec_metrics(llm)}
-            e2e.shutdown_llm()
+            ids, _ = greedy_runs.generate_ids(llm)
+            out = {"ids": ids, "metrics": offline_engine.spec_metrics(llm)}
+            offline_engine.shutdown_llm()
             return out
 
         return self._cached(("full", kv_dtype, backend, eager), run)

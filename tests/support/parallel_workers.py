@@ -6,7 +6,7 @@ single-threaded Python, so a second worker on a second core shortens the run
 runs slower than alone, the cores being shared). What must stay together does:
 
 - every test of a file runs on one worker, in file order, so the engines a
-  file shares (dflash_e2e.start_llm reuses the live engine) start once;
+  file shares (offline_engine.start_llm reuses the live engine) start once;
 - tests/serve_load is one unit: its tests share one session server, and
   test_shutdown.py ends that server after the others;
 - the necessity proofs are one unit per patch: each builds the fork without

@@ -10,9 +10,9 @@ import pytest
 def _make_pair(name: str, acceptance: str, **kw):
     # Imported here, not at the top: this plugin loads for every directory,
     # and tests/packaging must run without torch installed.
-    import dflash_e2e as e2e
+    import pair_cache
 
-    return e2e.make_pair(name, acceptance, **kw)
+    return pair_cache.make_pair(name, acceptance, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +52,6 @@ def kv_scales_pair():
 def family_pair(family):
     """The pair of vllm.fork.tiny_families for the module's ``family``
     fixture (a target family and a drafter trained against it)."""
-    import dflash_e2e as e2e
+    import pair_cache
 
-    return e2e.make_family_pair(family)
+    return pair_cache.make_family_pair(family)
