@@ -34,6 +34,14 @@ def _engine_core(srv: VllmServer):
     return None
 
 
+def _wait_until_decoding(srv: VllmServer, timeout: float = 60) -> None:
+    """Until the engine runs a request (its /metrics says so)."""
+    deadline = time.monotonic() + timeout
+    while srv.metrics().get("vllm:num_requests_running", 0) < 1:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.02)
+
+
 @pytest.mark.needs_patch("0031")
 def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp_path, measurements):
     if reason := vllm_dist_skip_reason():
@@ -52,7 +60,9 @@ def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp
         answer = {}
         body = {
             "model": srv.model_id(),
-            "prompt": "a",
+            # Eight long completions in one request: it is still running when
+            # the engine dies, however fast the machine decodes.
+            "prompt": ["a"] * 8,
             "max_tokens": dflash_settings.MAX_MODEL_LEN - 8,
             "ignore_eos": True,
             "temperature": 0.0,
@@ -66,7 +76,7 @@ def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp
 
         request = threading.Thread(target=ask)
         request.start()
-        time.sleep(1)  # decoding has begun
+        _wait_until_decoding(srv)
         t0 = time.monotonic()
         engine.send_signal(signal.SIGKILL)
         code = srv.proc.wait(timeout=EXIT_BOUND_S)
