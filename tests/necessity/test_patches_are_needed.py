@@ -1,6 +1,7 @@
 """Proof of necessity: for every patch, a build without it fails the tests that guard it.
 
-Each case builds the fork minus one patch from the cached base, unpacks it,
+Each case builds the fork minus one patch from the cached base, unpacks it (hard
+links to the files it shares with the full build: tests/support/unpacked_builds.py),
 puts it ahead of the installed wheel on PYTHONPATH, and runs the tests marked
 needs_patch(N) in one pytest subprocess. None of them may pass and at least one
 must fail (a guard that cannot run on this machine, like tests/gpu without CUDA,
@@ -27,13 +28,12 @@ build in test_guard_verdict.py).
 
 from __future__ import annotations
 
-import compileall
 import os
-import zipfile
 from pathlib import Path
 
 import patch_guards
 import pytest
+import unpacked_builds
 from guard_verdict import classify, run_guards, verdict
 from necessity_plugin import WITH_EXTENDED_OPTION, proof_marks
 from repo_paths import REPO
@@ -44,19 +44,21 @@ CFG = config.load(REPO)
 SERIES = patching.read_series(CFG.patches_dir)
 
 
+@pytest.fixture(scope="session")
+def full_build(tmp_path_factory) -> tuple[Path, Path]:
+    """The whole series built once per process, unpacked and compiled: the
+    builds without one patch share its unchanged files."""
+    root = tmp_path_factory.mktemp("full-build")
+    wheel = assemble.build_wheel(build_request.resolve(REPO, "cpu"), root / "wheel")
+    return wheel, unpacked_builds.unpack_compiled(wheel, root / "site")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("patch", [pytest.param(p, id=p.number, marks=proof_marks(p.number)) for p in SERIES])
-def test_build_without_patch_fails_its_tests(patch, tmp_path, monkeypatch, request):
+def test_build_without_patch_fails_its_tests(patch, full_build, tmp_path, monkeypatch, request):
     monkeypatch.setenv(config.SKIP_PATCHES_ENV, patch.number)
     wheel = assemble.build_wheel(build_request.resolve(REPO, "cpu"), tmp_path / "wheel")
-    unpacked = tmp_path / "site"
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(unpacked)
-    # Compiled once here (2 s), as an installer would: with
-    # PYTHONDONTWRITEBYTECODE=1 in the environment, the pytest subprocess and
-    # every engine process it starts would otherwise compile vllm's modules
-    # again on each import.
-    assert compileall.compile_dir(unpacked, quiet=1, workers=0), f"compiling {unpacked} failed"
+    unpacked = unpacked_builds.unpack_next_to(wheel, *full_build, tmp_path / "site")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(unpacked), os.environ.get("PYTHONPATH")]))}
     env.pop(config.SKIP_PATCHES_ENV)
 
