@@ -295,3 +295,83 @@ def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
             sinks=sinks,
         )
         assert torch.equal(verified[i], alone[0]), f"row {i}: max diff {(verified[i] - alone[0]).abs().max():.3g}"
+
+
+@pytest.fixture
+def compiled_reads():
+    """Reads of the torch path through its compiled gather (as when vLLM
+    compiles the model); the eager reads again after the test."""
+    from vllm.v1.attention.backends import cpu_attn_torch_fp8
+
+    cpu_attn_torch_fp8.compile_reads(True)
+    yield cpu_attn_torch_fp8
+    cpu_attn_torch_fp8.compile_reads(False)
+
+
+@pytest.mark.needs_patch("0012", no_avx512_pass=True)
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_compiled_read_gives_the_eager_output_bit_for_bit(kv_dtype, causal):
+    """The compiled gather and conversion read the same float32 values as
+    the torch operations, so the whole attention output is the same, bit for
+    bit (and verified tokens stay computed as decoded alone)."""
+    from vllm.v1.attention.backends import cpu_attn_torch_fp8
+
+    case = Case(kv_dtype, dtype=torch.float32, k_scale=0.37, v_scale=3.0)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    eager = case.run(causal, sinks=sinks)
+    cpu_attn_torch_fp8.compile_reads(True)
+    try:
+        compiled = case.run(causal, sinks=sinks)
+        assert cpu_attn_torch_fp8._compiled_reads["enabled"], "the compiled read fell back to the operations"
+    finally:
+        cpu_attn_torch_fp8.compile_reads(False)
+    assert torch.equal(compiled, eager), f"max diff {(compiled - eager).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_compiled_read_of_every_byte_is_torchs_value(fp8, compiled_reads):
+    """All 256 bytes through the compiled gather, NaN and infinity bytes
+    included (those are converted by torch, as in the eager read)."""
+    every_byte = torch.arange(256, dtype=torch.uint8).view(1, 1, 2, 128)  # one block, one head, two tokens
+    for scale in (1.0, 0.37, 3.0e-3):
+        got = compiled_reads._gather(every_byte, torch.tensor([0]), 2, scale, fp8).reshape(-1)
+        want = torch.arange(256, dtype=torch.uint8).view(fp8).float() * scale
+        same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+        assert same.all(), (scale, got[~same].tolist(), want[~same].tolist())
+
+
+def test_a_compile_that_fails_falls_back_to_the_operations(compiled_reads, monkeypatch):
+    def no_compiler():
+        def fail(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(compiled_reads, "_compiled_gather", no_compiler)
+    case = Case("fp8", dtype=torch.float32)
+    assert _err(case, True) < TOLERANCE[torch.float32]
+    assert not compiled_reads._compiled_reads["enabled"]
+
+
+@pytest.mark.parametrize(
+    ("enforce_eager", "mode", "compiled"),
+    [(False, "VLLM_COMPILE", True), (True, "NONE", False), (False, "NONE", False)],
+)
+def test_reads_are_compiled_when_vllm_compiles_the_model(enforce_eager, mode, compiled, monkeypatch):
+    from types import SimpleNamespace
+
+    import vllm.config
+    from vllm.config import CompilationMode
+    from vllm.v1.attention.backends import cpu_attn_torch_fp8
+
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(enforce_eager=enforce_eager),
+        compilation_config=SimpleNamespace(mode=getattr(CompilationMode, mode)),
+    )
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: config)
+    try:
+        cpu_attn_torch_fp8.compile_reads_unless_eager()
+        assert cpu_attn_torch_fp8._compiled_reads["enabled"] is compiled
+    finally:
+        cpu_attn_torch_fp8.compile_reads(False)
