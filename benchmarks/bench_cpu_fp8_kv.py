@@ -14,27 +14,22 @@ same rows non-causal as the drafter reads them):
 - ``torch fp8, element-wise convert``: the same path reading the cache
   through torch's element-wise fp8 conversion, as it did before it moved
   the bits itself (``torch fp8 / torch fp8, element-wise convert``: that
-  change's gain);
-- ``torch fp8, compiled read``: the same path with the gather and
-  conversion compiled (torch.compile), as when vLLM compiles the model
-  (not with --enforce-eager); its first call compiles, before the timing.
+  change's gain).
 
 and prints the ratios ``torch fp8 / kernel fp8`` (the cost of the AVX2 path
 against the AVX-512 path on the same machine, where it has AVX-512) and
 ``torch fp8 / kernel auto``. Median of repeated runs; numbers are this
-machine's, not a threshold. ``--context`` and ``--threads`` take several
-values: one run each, side by side in one report.
+machine's, not a threshold.
 
-To time an AVX2-only CPU's code on a machine with AVX-512, run it with
-``VLLM_FORK_TEST_NO_AVX512=1 PYTHONPATH=tests/support/no_avx512
-ATEN_CPU_CAPABILITY=avx2`` (vLLM loads ``_C_AVX2``; torch and its compiler
-use their AVX2 code).
-
+``--kernel-lib PATH`` loads a kernel library file directly instead of
+importing vllm (for a machine where only torch is installed); the torch path
+is then imported from this checkout's ``vllm/`` overlay file.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import platform
@@ -45,15 +40,33 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_FP8_FILE = ROOT / "vllm" / "v1" / "attention" / "backends" / "cpu_attn_torch_fp8.py"
 
-def _kernel_isa(dtype, block_size, head_size, kv_dtype) -> str:
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
+def _load_torch_fp8(standalone: bool):
+    if not standalone:
+        from vllm.v1.attention.backends import cpu_attn_torch_fp8
+
+        return cpu_attn_torch_fp8
+    spec = importlib.util.spec_from_file_location("cpu_attn_torch_fp8", TORCH_FP8_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernel_isa(dtype, block_size, head_size, kv_dtype, standalone: bool) -> str:
+    if not standalone:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
+    # The base's rule for x86 (vllm/v1/attention/backends/cpu_attn.py).
+    if torch.cpu._is_amx_tile_supported() and dtype == torch.bfloat16 and block_size % 32 == 0:
+        return "amx"
+    return "vec" if block_size % 32 == 0 else "vec16"
 
 
 ELEMENTWISE = "torch fp8, element-wise convert"
-COMPILED = "torch fp8, compiled read"
 
 
 def _elementwise_dequantize(raw: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
@@ -71,12 +84,16 @@ def _median_s(fn, repeats: int) -> float:
 
 
 def bench(args) -> dict:
-    from vllm.platforms import current_platform  # loads the kernel library this CPU runs
-    from vllm.v1.attention.backends import cpu_attn_torch_fp8 as torch_fp8
+    standalone = args.kernel_lib is not None
+    if standalone:
+        torch.ops.load_library(args.kernel_lib)
+    else:
+        from vllm.platforms import current_platform  # loads the kernel library this CPU runs
 
-    assert current_platform.is_cpu(), "a CPU build of the fork is needed"
+        assert current_platform.is_cpu(), "a CPU build of the fork is needed"
     if torch.cpu._is_amx_tile_supported():
         torch.cpu._init_amx()  # Linux hands out AMX tiles on request only
+    torch_fp8 = _load_torch_fp8(standalone)
     kernels_fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
 
     gen = torch.Generator().manual_seed(0)
@@ -105,13 +122,11 @@ def bench(args) -> dict:
     # conversion, as it did before it moved the bits itself: before/after
     # of that change in this one run.
     configs.append((ELEMENTWISE, "fp8", "torch"))
-    configs.append((COMPILED, "fp8", "torch"))
     results: dict[str, dict] = {}
     fast_dequantize = torch_fp8.dequantize
     for name, kv_dtype, path in configs:
         torch_fp8.dequantize = _elementwise_dequantize if name == ELEMENTWISE else fast_dequantize
-        torch_fp8.compile_reads(name == COMPILED)
-        isa = _kernel_isa(dtype, bs, hd, kv_dtype)
+        isa = _kernel_isa(dtype, bs, hd, kv_dtype, standalone)
         cache_dtype = dtype if kv_dtype == "auto" else torch.uint8
         cache = torch.zeros(2, num_blocks, kv_heads, bs, hd, dtype=cache_dtype)
         key_cache, value_cache = cache.unbind(0)
@@ -184,15 +199,13 @@ def bench(args) -> dict:
         )
 
     torch_fp8.dequantize = fast_dequantize
-    torch_fp8.compile_reads(False)
     ratios = {}
-    for path in ("torch fp8", COMPILED):
-        for base in ("kernel fp8", "kernel auto", ELEMENTWISE):
-            if base in results:
-                ratios[f"{path} / {base}"] = {
-                    k: round(results[path][k] / results[base][k], 2)
-                    for k in ("write_s", "causal_read_s", "noncausal_read_s")
-                }
+    for base in ("kernel fp8", "kernel auto", ELEMENTWISE):
+        if base in results:
+            ratios[f"torch fp8 / {base}"] = {
+                k: round(results["torch fp8"][k] / results[base][k], 2)
+                for k in ("write_s", "causal_read_s", "noncausal_read_s")
+            }
     for k, v in ratios.items():
         print(f"{k}: {v}")
     return {
@@ -222,24 +235,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-reqs", type=int, default=8)
     p.add_argument("--query-len", type=int, default=4, help="DFlash verification rows per request")
-    p.add_argument("--context", type=int, nargs="+", default=[1024], help="one run per value")
-    p.add_argument("--threads", type=int, nargs="+", help="torch threads, one run per value (default: torch's)")
+    p.add_argument("--context", type=int, default=1024)
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=4)
     p.add_argument("--head-size", type=int, default=128)
     p.add_argument("--block-size", type=int, default=128, help="the CPU backend's default")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--kernel-lib", help="load this kernel library instead of importing vllm")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    runs = {}
-    for threads in args.threads or [torch.get_num_threads()]:
-        torch.set_num_threads(threads)
-        for context in args.context:
-            print(f"\n== {threads} thread(s), context {context}")
-            runs[f"{threads} threads, context {context}"] = bench(
-                argparse.Namespace(**{**vars(args), "context": context})
-            )
-    report = next(iter(runs.values())) if len(runs) == 1 else {"runs": runs}
+    report = bench(args)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
