@@ -19,17 +19,19 @@ same rows non-causal as the drafter reads them):
 and prints the ratios ``torch fp8 / kernel fp8`` (the cost of the AVX2 path
 against the AVX-512 path on the same machine, where it has AVX-512) and
 ``torch fp8 / kernel auto``. Median of repeated runs; numbers are this
-machine's, not a threshold.
+machine's, not a threshold. ``--context`` and ``--threads`` take several
+values: one run each, side by side in one report.
 
-``--kernel-lib PATH`` loads a kernel library file directly instead of
-importing vllm (for a machine where only torch is installed); the torch path
-is then imported from this checkout's ``vllm/`` overlay file.
+To time an AVX2-only CPU's code on a machine with AVX-512, run it with
+``VLLM_FORK_TEST_NO_AVX512=1 PYTHONPATH=tests/support/no_avx512
+ATEN_CPU_CAPABILITY=avx2`` (vLLM loads ``_C_AVX2``; torch
+uses its AVX2 code).
+
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import platform
@@ -40,30 +42,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-TORCH_FP8_FILE = ROOT / "vllm" / "v1" / "attention" / "backends" / "cpu_attn_torch_fp8.py"
 
+def _kernel_isa(dtype, block_size, head_size, kv_dtype) -> str:
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-def _load_torch_fp8(standalone: bool):
-    if not standalone:
-        from vllm.v1.attention.backends import cpu_attn_torch_fp8
-
-        return cpu_attn_torch_fp8
-    spec = importlib.util.spec_from_file_location("cpu_attn_torch_fp8", TORCH_FP8_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _kernel_isa(dtype, block_size, head_size, kv_dtype, standalone: bool) -> str:
-    if not standalone:
-        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-        return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
-    # The base's rule for x86 (vllm/v1/attention/backends/cpu_attn.py).
-    if torch.cpu._is_amx_tile_supported() and dtype == torch.bfloat16 and block_size % 32 == 0:
-        return "amx"
-    return "vec" if block_size % 32 == 0 else "vec16"
+    return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
 
 
 ELEMENTWISE = "torch fp8, element-wise convert"
@@ -84,16 +67,12 @@ def _median_s(fn, repeats: int) -> float:
 
 
 def bench(args) -> dict:
-    standalone = args.kernel_lib is not None
-    if standalone:
-        torch.ops.load_library(args.kernel_lib)
-    else:
-        from vllm.platforms import current_platform  # loads the kernel library this CPU runs
+    from vllm.platforms import current_platform  # loads the kernel library this CPU runs
+    from vllm.v1.attention.backends import cpu_attn_torch_fp8 as torch_fp8
 
-        assert current_platform.is_cpu(), "a CPU build of the fork is needed"
+    assert current_platform.is_cpu(), "a CPU build of the fork is needed"
     if torch.cpu._is_amx_tile_supported():
         torch.cpu._init_amx()  # Linux hands out AMX tiles on request only
-    torch_fp8 = _load_torch_fp8(standalone)
     kernels_fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
 
     gen = torch.Generator().manual_seed(0)
@@ -126,7 +105,7 @@ def bench(args) -> dict:
     fast_dequantize = torch_fp8.dequantize
     for name, kv_dtype, path in configs:
         torch_fp8.dequantize = _elementwise_dequantize if name == ELEMENTWISE else fast_dequantize
-        isa = _kernel_isa(dtype, bs, hd, kv_dtype, standalone)
+        isa = _kernel_isa(dtype, bs, hd, kv_dtype)
         cache_dtype = dtype if kv_dtype == "auto" else torch.uint8
         cache = torch.zeros(2, num_blocks, kv_heads, bs, hd, dtype=cache_dtype)
         key_cache, value_cache = cache.unbind(0)
@@ -235,16 +214,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-reqs", type=int, default=8)
     p.add_argument("--query-len", type=int, default=4, help="DFlash verification rows per request")
-    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--context", type=int, nargs="+", default=[1024], help="one run per value")
+    p.add_argument("--threads", type=int, nargs="+", help="torch threads, one run per value (default: torch's)")
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--num-kv-heads", type=int, default=4)
     p.add_argument("--head-size", type=int, default=128)
     p.add_argument("--block-size", type=int, default=128, help="the CPU backend's default")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--kernel-lib", help="load this kernel library instead of importing vllm")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    report = bench(args)
+    runs = {}
+    for threads in args.threads or [torch.get_num_threads()]:
+        torch.set_num_threads(threads)
+        for context in args.context:
+            print(f"\n== {threads} thread(s), context {context}")
+            runs[f"{threads} threads, context {context}"] = bench(
+                argparse.Namespace(**{**vars(args), "context": context})
+            )
+    report = next(iter(runs.values())) if len(runs) == 1 else {"runs": runs}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
