@@ -111,7 +111,7 @@ class Parting:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class OutputComparison:
     key: str
     mode: str
     compared_tokens: int  # positions compared (up to the parting, if any)
@@ -126,7 +126,7 @@ class Verdict:
         return self.parting is None or self.parting.accepted
 
 
-def compare_exact(got: Sequence[int], want: Sequence[int], key: str = "", prefix: bool = False) -> Verdict:
+def compare_exact(got: Sequence[int], want: Sequence[int], key: str = "", prefix: bool = False) -> OutputComparison:
     """Every token equal (``prefix``: ``got`` is a prefix of ``want``, e.g.
     what a client received before it went away)."""
     got, want = list(got), list(want)
@@ -134,11 +134,11 @@ def compare_exact(got: Sequence[int], want: Sequence[int], key: str = "", prefix
         want = want[: len(got)] if len(got) <= len(want) else want
     pos = first_difference(got, want)
     if pos is None:
-        return Verdict(key, "exact", len(got))
+        return OutputComparison(key, "exact", len(got))
     at = lambda s: s[pos] if pos < len(s) else None  # noqa: E731
     why = "lengths differ" if at(got) is None or at(want) is None else "token differs"
     why += f" ({len(got)} vs {len(want)} tokens; exact comparison: every token must be equal)"
-    return Verdict(key, "exact", pos, Parting(key, pos, at(got), at(want), why=why))
+    return OutputComparison(key, "exact", pos, Parting(key, pos, at(got), at(want), why=why))
 
 
 def compare_near_tie(
@@ -148,16 +148,16 @@ def compare_near_tie(
     want_logprobs: Sequence[Row] | None,
     key: str = "",
     threshold: float = MARGIN_THRESHOLD,
-) -> Verdict:
+) -> OutputComparison:
     """vLLM's top-k convention plus a margin (module docstring)."""
     got, want = list(got), list(want)
     pos = first_difference(got, want)
     if pos is None:
-        return Verdict(key, "near-tie", len(got))
+        return OutputComparison(key, "near-tie", len(got))
     if pos >= len(got) or pos >= len(want):
         a = got[pos] if pos < len(got) else None
         b = want[pos] if pos < len(want) else None
-        return Verdict(
+        return OutputComparison(
             key,
             "near-tie",
             pos,
@@ -167,7 +167,7 @@ def compare_near_tie(
     g = got_logprobs[pos] if got_logprobs is not None and pos < len(got_logprobs) else None
     w = want_logprobs[pos] if want_logprobs is not None and pos < len(want_logprobs) else None
     if g is None or w is None:
-        return Verdict(
+        return OutputComparison(
             key,
             "near-tie",
             pos,
@@ -181,10 +181,12 @@ def compare_near_tie(
     if a not in w:
         missing.append(f"got's token {a} is not in want's top-{len(w)}")
     if missing:
-        return Verdict(key, "near-tie", pos, Parting(key, pos, a, b, g_margin, w_margin, why="; ".join(missing)))
+        return OutputComparison(
+            key, "near-tie", pos, Parting(key, pos, a, b, g_margin, w_margin, why="; ".join(missing))
+        )
     margin = max(g_margin, w_margin)
     if margin > threshold:
-        return Verdict(
+        return OutputComparison(
             key,
             "near-tie",
             pos,
@@ -198,7 +200,7 @@ def compare_near_tie(
                 why=f"clear margin {margin:.4f} > {threshold} nats: not a numerical near-tie",
             ),
         )
-    return Verdict(
+    return OutputComparison(
         key,
         "near-tie",
         pos,
@@ -224,7 +226,7 @@ def compare(
     got_logprobs: Sequence[Row] | None = None,
     want_logprobs: Sequence[Row] | None = None,
     threshold: float = MARGIN_THRESHOLD,
-) -> Verdict:
+) -> OutputComparison:
     """The rule for the engines' model ``dtype`` (exact in float32)."""
     if mode_for(dtype) == "exact":
         return compare_exact(got, want, key)
@@ -249,7 +251,7 @@ class Report:
     def mode(self) -> str:
         return mode_for(self.dtype)
 
-    def add(self, verdict: Verdict) -> Verdict:
+    def add(self, verdict: OutputComparison) -> OutputComparison:
         self.compared.append(verdict.key)
         if verdict.equal:
             self.exact.append(verdict.key)
@@ -266,7 +268,7 @@ class Report:
         got_logprobs: Sequence[Row] | None = None,
         want_logprobs: Sequence[Row] | None = None,
         prefix: bool = False,
-    ) -> Verdict:
+    ) -> OutputComparison:
         if prefix or self.mode == "exact":
             if prefix and self.mode != "exact":
                 raise ValueError("prefix comparisons are exact only (float32)")
