@@ -32,13 +32,19 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
     shm = shm_segments_of(tree)
     sockets = unix_socket_files_of(tree)
     outcomes: list = []
-    clients = threading.Thread(
-        target=lambda: outcomes.extend(
-            workload.run_jobs(
-                srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS), timeout=120
-            )[0]
-        )
-    )
+    client_error: list[BaseException] = []
+
+    def load():
+        try:
+            outcomes.extend(
+                workload.run_jobs(
+                    srv.base, srv.model, workload.SHUTDOWN_JOBS, concurrency=len(workload.SHUTDOWN_JOBS), timeout=120
+                )[0]
+            )
+        except BaseException as e:  # reported by the assertion below, not lost in the thread
+            client_error.append(e)
+
+    clients = threading.Thread(target=load)
     before = srv.metrics()
     clients.start()
     # SIGTERM while requests are decoding.
@@ -49,7 +55,12 @@ def test_sigterm_under_load_leaves_nothing_behind(live_server, references, figur
         # miss the moment all MAX_NUM_SEQS run together.
         if m.get("vllm:num_requests_running", 0) >= 1 and workload.delta(before, m, "vllm:generation_tokens_total") > 0:
             break
-        assert clients.is_alive(), "the load finished before SIGTERM could be sent"
+        assert clients.is_alive(), (
+            f"the load ended before SIGTERM could be sent: {len(outcomes)} outcomes "
+            f"({sum(o.ok for o in outcomes)} ok), client error {client_error!r}, last /metrics: "
+            f"running {m.get('vllm:num_requests_running')}, generated since the start "
+            f"{workload.delta(before, m, 'vllm:generation_tokens_total')}\n{srv.log_tail(3000)}"
+        )
         assert time.monotonic() < deadline, "the load never started decoding"
         time.sleep(0.1)
     seconds, code, survivors = srv.terminate(timeout=SHUTDOWN_BOUND_S)

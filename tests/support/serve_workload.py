@@ -343,9 +343,9 @@ BOUNDARY_JOBS = [
     Job("boundary-255+1", "completions", True, prompt=tuple(32 + (i * 7) % 95 for i in range(255)), max_tokens=1),
 ]
 # Enough that the load outlasts the /metrics polls that wait for decoding to
-# start, also on a fast CPU (16 jobs finished first on an AVX-512 EPYC);
-# SIGTERM cuts it short.
-SHUTDOWN_JOBS = mixed_jobs(48, seed=2, max_tokens=96, prompt_len=LOAD_PROMPT_LEN)
+# start, also on a fast CPU whose other core is busy (16, then 48 jobs
+# finished first on an AVX-512 EPYC); SIGTERM cuts it short.
+SHUTDOWN_JOBS = mixed_jobs(96, seed=2, max_tokens=96, prompt_len=LOAD_PROMPT_LEN)
 # Long generations that the clients abandon part-way (disconnect or time out).
 ABANDONED_JOBS = mixed_jobs(16, seed=3, max_tokens=160, prompt_len=(16, 64))
 
