@@ -24,6 +24,7 @@ module is `extended` (`bash tools/run_tests.sh -m extended`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -144,14 +145,18 @@ def _two_nodes(target: str, head_args: list[str], other_args: list[str], tmp_pat
     return head, other
 
 
-def _start_two_nodes(head: VllmServer, other: VllmServer) -> None:
-    other.start()
+@contextlib.contextmanager
+def _two_nodes_serving(head: VllmServer, other: VllmServer):
+    """Both nodes started (the headless one first), both stopped at the end
+    whatever happens."""
     try:
+        other.start()
         head.start()
-    except BaseException:
+        assert other.proc.poll() is None, other.log_tail()
+        yield
+    finally:
+        head.stop()
         other.stop()
-        raise
-    assert other.proc.poll() is None, other.log_tail()
 
 
 def _tensor_parallel_nodes(text_pair, tmp_path) -> tuple[VllmServer, VllmServer]:
@@ -175,14 +180,10 @@ def _tensor_parallel_nodes(text_pair, tmp_path) -> tuple[VllmServer, VllmServer]
 
 def test_tensor_parallel_across_two_nodes(text_pair, reference, tmp_path, measurements):
     head, other = _tensor_parallel_nodes(text_pair, tmp_path)
-    try:
-        _start_two_nodes(head, other)
+    with _two_nodes_serving(head, other):
         texts = complete_concurrently(head)
         metrics = head.metrics()
         stopped = stop_leaving_nothing(head, other)
-    finally:
-        head.stop()
-        other.stop()
     measurements["TP=2 over two nodes: start s"] = round(head.start_s, 1)
     measurements["TP=2 over two nodes: stop"] = stopped
     assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0, metrics
@@ -204,14 +205,10 @@ def test_data_parallel_across_two_nodes(text_pair, reference, tmp_path, measurem
         port,
     ]
     head, other = _two_nodes(target, common, [*common, "--data-parallel-start-rank", "1"], tmp_path)
-    try:
-        _start_two_nodes(head, other)
+    with _two_nodes_serving(head, other):
         texts = complete_concurrently(head)
         counters = both_engines_drafted(head)
         stopped = stop_leaving_nothing(head, other)
-    finally:
-        head.stop()
-        other.stop()
     measurements["DP=2 over two nodes: start s"] = round(head.start_s, 1)
     measurements["DP=2 over two nodes: per engine"] = counters
     measurements["DP=2 over two nodes: stop"] = stopped
@@ -226,14 +223,13 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
     by itself, and nothing is left on either node -- all within
     NODE_LOSS_BOUND_S, where a hang would wait for gloo's 30-minute timeout."""
     head, other = _tensor_parallel_nodes(text_pair, tmp_path)
-    try:
-        _start_two_nodes(head, other)
+    with _two_nodes_serving(head, other):
         with ThreadPoolExecutor(4) as pool:
             model = head.model_id()
             pending = [
                 pool.submit(_one, head, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]
             ]
-            time.sleep(2)  # decoding has begun
+            head.wait_until_running()
             running = [f for f in pending if not f.done()]
             t0 = time.monotonic()
             other.signal(signal.SIGKILL, group=True, timeout=10)
@@ -243,9 +239,6 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
         exit_s = time.monotonic() - t0
         left = head.leftovers(grace_s=10) + other.leftovers(grace_s=10)
         log = head.log_tail(200_000)
-    finally:
-        head.stop()
-        other.stop()
     statuses = [status for status, _text in answers]
     measurements["node loss"] = {
         "in flight": len(running),

@@ -19,7 +19,7 @@ import time
 
 import dflash_settings
 import pytest
-from vllm_server import VllmServer, vllm_dist_skip_reason
+from vllm_server import VllmServer
 
 EXIT_BOUND_S = 60
 
@@ -34,25 +34,9 @@ def _engine_core(srv: VllmServer):
     return None
 
 
-def _wait_until_decoding(srv: VllmServer, timeout: float = 60) -> None:
-    """Until the engine runs a request (its /metrics says so)."""
-    deadline = time.monotonic() + timeout
-    while srv.metrics().get("vllm:num_requests_running", 0) < 1:
-        assert time.monotonic() < deadline, "the request never started running"
-        time.sleep(0.02)
-
-
 @pytest.mark.needs_patch("0031")
-def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp_path, measurements):
-    if reason := vllm_dist_skip_reason():
-        pytest.skip(reason)
-    target, draft = partial_pair
-    srv = VllmServer(
-        target,
-        dflash_settings.dflash_fp8_serve_args(draft),
-        tmp_path / "server.log",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
+def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair_server, measurements):
+    srv = partial_pair_server
     try:
         srv.start()
         engine = _engine_core(srv)
@@ -76,7 +60,7 @@ def test_a_server_whose_engine_died_exits_with_an_error_status(partial_pair, tmp
 
         request = threading.Thread(target=ask)
         request.start()
-        _wait_until_decoding(srv)
+        srv.wait_until_running()
         t0 = time.monotonic()
         engine.send_signal(signal.SIGKILL)
         code = srv.proc.wait(timeout=EXIT_BOUND_S)

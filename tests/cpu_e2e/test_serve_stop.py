@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import signal
 
-import dflash_settings
 import pytest
-from vllm_server import ServerExited, VllmServer, vllm_dist_skip_reason
+from vllm_server import ServerExited
 
 STOP_BOUND_S = 60
 
@@ -21,16 +20,8 @@ STOP_BOUND_S = 60
 # A server start of its own for one more way of stopping: outside the
 # every-commit run (`tools/run_tests.sh -m extended`; a CI job of its own).
 @pytest.mark.extended
-def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair, tmp_path, measurements):
-    if reason := vllm_dist_skip_reason():
-        pytest.skip(reason)
-    target, draft = partial_pair
-    srv = VllmServer(
-        target,
-        dflash_settings.dflash_fp8_serve_args(draft),
-        tmp_path / "server.log",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
+def test_sigint_to_vllm_serve_leaves_nothing_behind(partial_pair_server, measurements):
+    srv = partial_pair_server
     try:
         try:
             srv.start()

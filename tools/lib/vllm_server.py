@@ -365,3 +365,12 @@ class VllmServer:
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self._metrics_page())
+
+    def wait_until_running(self, timeout: float = 60) -> None:
+        """Until the engine runs a request (its /metrics says so): a test that
+        acts on a request in flight waits for this, not for a fixed time."""
+        deadline = time.monotonic() + timeout
+        while self.metrics().get("vllm:num_requests_running", 0) < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no request running after {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.02)
