@@ -3,8 +3,8 @@
 For each family of vllm.fork.tiny_families -- LLaMA, Qwen3-MoE, hybrid
 Qwen3.5 (gated delta net 3:1 with full attention, M-RoPE), hybrid MoE
 Qwen3.5 (Qwen3.6-35B-A3B's layout) and gpt-oss (sliding-window and full
-attention alternating, attention sinks, MoE; on CPUs with AVX-512 only,
-see below) -- a tiny target shaped like the real one
+attention alternating, attention sinks, MoE; on CPUs without AVX-512 in
+batch-invariant mode, see below) -- a tiny target shaped like the real one
 and a DFlash drafter trained against it, served in float32 with
 ``--kv-cache-dtype fp8``:
 
@@ -17,7 +17,11 @@ and a DFlash drafter trained against it, served in float32 with
   requests (the reference has room for all): blocks pass from finished and
   preempted requests to new ones, and running requests are preempted and
   recomputed, which the engine's counter shows;
-- the trained drafter is accepted: mean acceptance length > 1.5;
+- the trained drafter is accepted: on its training prompts that the
+  served target continues as the drafter learned them (the target can leave
+  a learned continuation where vLLM and transformers sum a product in
+  another order and the fp8 cache rounds the difference into a whole step),
+  mean acceptance length > 3 of the 4 a draft step can give at most;
 - with prefix caching on, prompts that share a 600-token prefix get the
   same output as target-only without prefix caching, the second time from
   the cache; behind the hybrid targets also with the drafter's cache in the
@@ -65,32 +69,32 @@ def _families():
 
 
 # Where an fp8 cache goes through the torch path (CPUs without AVX-512),
-# gpt-oss is not claimed. Pairs generated with seeds 1 and 2 gave DFlash
-# output that parted from target-only decoding there in one prompt of ten,
-# 41 and 47 tokens in (the seed-0 pair kept exact output, but its drafter
-# was accepted less: mean acceptance length 1.40). Attention is not the
-# cause: a verified token is attended exactly as the same token decoded
-# alone. The linear layers' products are: a row's result depends on how many
-# rows are multiplied together (measured for oneDNN's and torch's float32
-# matmul), a verification step multiplies more rows than a decode step, and
-# an fp8 cache turns a last-bit difference into a step of its 3-bit
-# mantissa where a value lies at a rounding boundary. A random target as
-# sensitive as this one then parts; the same products run on AVX-512
-# CPUs, where the seed-0 pair holds exact output.
-BATCH_SHAPE_DEPENDENT_ON_TORCH_FP8_PATH = ("gpt_oss",)
+# gpt-oss runs in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, on
+# CPU since patch 0032). Without it, pairs generated with seeds 1 and 2 gave
+# DFlash output that parted from target-only decoding in one prompt of ten,
+# 41 and 47 tokens in: a linear layer's float32 product of a row depends on
+# how many rows are multiplied together (oneDNN's and torch's), a
+# verification step multiplies more rows than a decode step, and the fp8
+# cache turns a last-bit difference into a step of its 3-bit mantissa where
+# a value lies at a rounding boundary. This random target is sensitive
+# enough to part then; in batch-invariant mode the seed-1 pair's output is
+# exact (measured). The other families, and gpt-oss on CPUs with AVX-512,
+# run as users serve them.
+BATCH_INVARIANT_ON_TORCH_FP8_PATH = ("gpt_oss",)
+# The drafter of a family pair drafts the continuations it learned nearly
+# without a miss: a draft step gives at most 1 + NUM_SPEC_TOKENS tokens
+# (measured: 3.93 to 4.0 of 4).
+MIN_FOLLOWED_ACCEPTANCE_LENGTH = float(dflash_settings.NUM_SPEC_TOKENS)
 
 
 @pytest.fixture(scope="module", params=_families())
 def family(request):
     from vllm.v1.attention.backends.cpu_attn_torch_fp8 import uses_torch_fp8_kv
 
-    if request.param in BATCH_SHAPE_DEPENDENT_ON_TORCH_FP8_PATH and uses_torch_fp8_kv("fp8"):
-        pytest.skip(
-            f"{request.param} on the torch fp8 KV path (no AVX-512): DFlash output parted from target-only "
-            "decoding here (batch-shape-dependent rounding of the linear layers, amplified by the fp8 cache); "
-            "runs on CPUs with AVX-512"
-        )
-    return request.param
+    with pytest.MonkeyPatch.context() as env:
+        if request.param in BATCH_INVARIANT_ON_TORCH_FP8_PATH and uses_torch_fp8_kv("fp8"):
+            env.setenv("VLLM_BATCH_INVARIANT", "1")
+        yield request.param
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +114,10 @@ def family_reference(family_reference_runs):
 
 
 @pytest.fixture(scope="module")
-def family_dflash(family, family_pair):
-    return greedy_runs.family_outputs(
+def family_dflash(family, family_pair, family_reference):
+    """The DFlash engine on the family prompts; then on the training prompts
+    whose target-only output is what the drafter learned ("followed")."""
+    run = greedy_runs.family_outputs(
         family,
         family_pair,
         dflash=True,
@@ -119,6 +125,23 @@ def family_dflash(family, family_pair):
         **SMALL_KV,
         num_gpu_blocks_override=small_kv_blocks(family),
     )
+    followed = greedy_runs.followed_prompts(family_pair[1], family_reference)
+    return {
+        **run,
+        "followed": followed,
+        "followed counts": greedy_runs.draft_counts_for(run["llm"], followed, MAX_TOKENS),
+    }
+
+
+def assert_drafter_accepted(followed: list, counts: DraftCounts) -> None:
+    """The trained drafter is accepted where the target continues as it
+    learned: a drafter whose tapped hidden states or KV cache were wrong
+    would miss there too."""
+    assert followed, (
+        "the target continued none of the drafter's training prompts as the drafter learned them: "
+        "no prompt shows the drafter's acceptance"
+    )
+    assert counts.mean_acceptance_length > MIN_FOLLOWED_ACCEPTANCE_LENGTH, (len(followed), counts)
 
 
 def test_every_attention_layer_caches_fp8(family, family_dflash):
@@ -141,20 +164,24 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     keys = [f"prompt {i}" for i in range(len(want))]
     report = lossless.compare_all(keys, got, want, dtype="float32")
     counts = DraftCounts.read(family_dflash["metrics"])
+    followed = family_dflash["followed counts"]
     measurements[f"family {family} (fp8 KV, float32)"] = {
         **report.summary(),
         "drafts": counts.drafts,
         "accepted": counts.accepted,
         "mean acceptance length": round(counts.mean_acceptance_length, 3),
+        "followed training prompts": len(family_dflash["followed"]),
+        "mean acceptance length on them": round(followed.mean_acceptance_length, 3),
         "preemptions": int(family_dflash["preemptions"]),
     }
     print(
         f"\n[e2e] {family}: drafts {counts.drafts}, accepted {counts.accepted}, mean acceptance "
-        f"length {counts.mean_acceptance_length:.3f}; {report.explain()}"
+        f"length {counts.mean_acceptance_length:.3f}; on the {len(family_dflash['followed'])} training prompts "
+        f"the target follows: {followed.mean_acceptance_length:.3f}; {report.explain()}"
     )
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
-    assert counts.mean_acceptance_length > MIN_ACCEPTANCE_LENGTH, counts
+    assert_drafter_accepted(family_dflash["followed"], followed)
 
 
 @pytest.fixture(scope="module", params=[None, "auto"], ids=["drafter-inherits", "drafter-auto"])
@@ -170,12 +197,12 @@ def prefix_drafter_dtype(request, family):
 
 
 @pytest.fixture(scope="module")
-def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
+def family_prefix_cached(family, family_pair, prefix_drafter_dtype, family_reference):
     """DFlash with prefix caching on (for a hybrid target: vLLM's "align"
     state cache, whose state copies run on CPU since patch 0026): the family
-    prompts once (for acceptance), then the prompts that share a long
-    prefix, twice. The first of those passes fills the cache; the second
-    finds the prefix there."""
+    prompts once, the training prompts the target follows (for acceptance),
+    then the prompts that share a long prefix, twice. The first of those
+    passes fills the cache; the second finds the prefix there."""
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = family_pair
@@ -195,11 +222,14 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
         "hits": "vllm:prefix_cache_hits",
         "queries": "vllm:prefix_cache_queries",
         "drafts": "vllm:spec_decode_num_drafts",
+        "draft tokens": "vllm:spec_decode_num_draft_tokens",
         "accepted": "vllm:spec_decode_num_accepted_tokens",
     }
     passes = []
+    followed = greedy_runs.followed_prompts(draft, family_reference)
     for prompts in (
         greedy_runs.family_prompts(),
+        followed,
         greedy_runs.shared_prefix_prompts(),
         greedy_runs.shared_prefix_prompts(),
     ):
@@ -210,7 +240,12 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype):
         )
     state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
     offline_engine.shutdown_llm()
-    return {"family prompts": passes[0], "shared prefix": passes[1:], "state": state}
+    return {
+        "family prompts": passes[0],
+        "followed": (followed, DraftCounts(passes[1]["drafts"], passes[1]["draft tokens"], passes[1]["accepted"])),
+        "shared prefix": passes[2:],
+        "state": state,
+    }
 
 
 def test_prefix_cache_hits_keep_the_output(
@@ -252,19 +287,22 @@ def test_prefix_caching_engine_drafts_and_caches_as_asked(
         [f"prompt {i}" for i in range(len(family_reference))], run["ids"], family_reference, dtype="float32"
     )
     acceptance = 1 + run["accepted"] / max(run["drafts"], 1)
+    followed, followed_counts = family_prefix_cached["followed"]
     layers = family_prefix_cached["state"]["layers"]
     blocks = {s["role"]: s["tensor_shape"][3] for s in layers.values()}
     measurements[f"family {family} prefix-caching engine, drafter {prefix_drafter_dtype or 'inherits'}"] = {
         **report.summary(),
         "mean acceptance length": round(acceptance, 3),
+        "mean acceptance length on the followed training prompts": round(followed_counts.mean_acceptance_length, 3),
         "block tokens": blocks,
     }
     print(
-        f"\n[e2e] {family}, drafter {prefix_drafter_dtype or 'inherits'}: acceptance {acceptance:.3f}, "
+        f"\n[e2e] {family}, drafter {prefix_drafter_dtype or 'inherits'}: acceptance {acceptance:.3f} "
+        f"({followed_counts.mean_acceptance_length:.3f} on the {len(followed)} training prompts the target follows), "
         f"block tokens {blocks}; {report.explain()}"
     )
     assert report.ok and len(report.exact) == len(family_reference), report.explain()
-    assert acceptance > MIN_ACCEPTANCE_LENGTH, run
+    assert_drafter_accepted(followed, followed_counts)
     want = {
         "target": ("fp8", "torch.uint8"),
         "draft": ("fp8", "torch.uint8") if prefix_drafter_dtype is None else ("auto", "torch.float32"),

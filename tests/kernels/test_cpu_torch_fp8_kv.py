@@ -49,18 +49,18 @@ def _stored(x: torch.Tensor, kv_dtype: str, scale: float) -> torch.Tensor:
 
 
 class Case:
-    def __init__(self, kv_dtype, *, dtype=torch.bfloat16, k_scale=1.0, v_scale=1.0, seed=0):
+    def __init__(self, kv_dtype, *, dtype=torch.bfloat16, k_scale=1.0, v_scale=1.0, seed=0, batch=BATCH):
         gen = torch.Generator().manual_seed(seed)
         self.kv_dtype, self.dtype = kv_dtype, dtype
         self.k_scale, self.v_scale = k_scale, v_scale
         # The ISA is what the metadata builder would pick; with the base's
         # refusal gone it is an ordinary one (the torch path ignores it).
         self.isa = cpu_attn._get_attn_isa(dtype, BLOCK_SIZE, HEAD_SIZE, kv_dtype)
-        blocks_per_req = [math.ceil(s / BLOCK_SIZE) + 1 for _, s in BATCH]
+        blocks_per_req = [math.ceil(s / BLOCK_SIZE) + 1 for _, s in batch]
         num_blocks = sum(blocks_per_req) + 1
         self.kv_cache = torch.zeros(2, num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE, dtype=torch.uint8)
         order = torch.randperm(num_blocks - 1, generator=gen) + 1
-        self.block_table = torch.zeros(len(BATCH), max(blocks_per_req), dtype=torch.int32)
+        self.block_table = torch.zeros(len(batch), max(blocks_per_req), dtype=torch.int32)
         start = 0
         for i, n in enumerate(blocks_per_req):
             self.block_table[i, :n] = order[start : start + n]
@@ -69,7 +69,7 @@ class Case:
         stale = torch.full((all_slots.numel(), NUM_KV_HEADS, HEAD_SIZE), 4.0, dtype=dtype)
         self._write(stale, stale * 2, all_slots)
         self.keys, self.values, queries = [], [], []
-        for i, (query_len, seq_len) in enumerate(BATCH):
+        for i, (query_len, seq_len) in enumerate(batch):
             k = torch.randn(seq_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
             v = torch.randn(seq_len, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
             # Padding slots (-1) in the mapping are skipped, as by the kernel.
@@ -79,9 +79,9 @@ class Case:
             self.values.append(_stored(v, kv_dtype, v_scale))
             queries.append((torch.randn(query_len, NUM_HEADS, HEAD_SIZE, generator=gen) + 1.0).to(dtype))
         self.query = torch.cat(queries)
-        lens = torch.tensor([q for q, _ in BATCH], dtype=torch.int32)
+        lens = torch.tensor([q for q, _ in batch], dtype=torch.int32)
         self.query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
-        self.seq_lens = torch.tensor([s for _, s in BATCH], dtype=torch.int32)
+        self.seq_lens = torch.tensor([s for _, s in batch], dtype=torch.int32)
 
     def _slots(self, req, seq_len):
         pos = torch.arange(seq_len)
@@ -295,3 +295,38 @@ def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
             sinks=sinks,
         )
         assert torch.equal(verified[i], alone[0]), f"row {i}: max diff {(verified[i] - alone[0]).abs().max():.3g}"
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        # The last 4 positions after a hit on 7 cached 128-token blocks: a
+        # decode-sized chunk, which the base computes row by row.
+        pytest.param(896, id="prefix-cache-hit", marks=pytest.mark.needs_patch("0032")),
+        pytest.param(450, id="two-chunks"),
+    ],
+)
+def test_in_batch_invariant_mode_a_prompt_computed_in_chunks_is_computed_as_whole(monkeypatch, cut):
+    """With ``VLLM_BATCH_INVARIANT=1`` a request's output must not depend on
+    how the scheduler cut its prompt: whole, in chunks beside other requests,
+    or after a prefix-cache hit. Rows of a long prefill chunk are then
+    computed one position at a time too, as decode rows are (a product over
+    900 keys is summed in another order than one over fewer)."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    prompt_len = 900
+    case = Case("fp8", dtype=torch.float32, batch=[(prompt_len, prompt_len)])
+
+    def attend(first: int, last: int) -> torch.Tensor:
+        """The prompt's positions first..last-1, over the keys up to last - 1."""
+        return case.attend(
+            case.query[first:last],
+            torch.tensor([0, last - first], dtype=torch.int32),
+            torch.tensor([last], dtype=torch.int32),
+            case.block_table,
+            True,
+        )
+
+    whole = attend(0, prompt_len)
+    chunked = torch.cat([attend(0, cut), attend(cut, prompt_len)])
+    differ = (whole != chunked).any(-1).any(-1).nonzero().flatten().tolist()
+    assert not differ, f"positions computed otherwise in chunks: {differ[:10]}... ({len(differ)})"

@@ -25,6 +25,39 @@ def family_prompts() -> list:
     return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *PROMPTS]
 
 
+def followed_prompts(draft_dir: str, reference_ids: list[list[int]]) -> list:
+    """Those of the drafter's training prompts (the first prompts of
+    :func:`family_prompts`) whose target-only output ``reference_ids`` is, in
+    full, a continuation the drafter learned (its training record keeps one
+    per fp8 rounding). A drafter was trained against its target in
+    transformers; the served target can leave that continuation where the
+    two compute a token in different float32 order and the fp8 cache
+    rounds the difference into a whole step. Where it follows it, the
+    drafter should draft nearly every token right."""
+    import json
+    from pathlib import Path
+
+    from vllm.fork.tiny_pairs import TRAINING_RECORD
+
+    learned = json.loads((Path(draft_dir) / TRAINING_RECORD).read_text())["continuations"]
+    prompts = family_prompts()
+    return [
+        prompts[i]
+        for i in range(len(next(iter(learned.values()))))
+        if any(list(reference_ids[i]) == list(c[i]) for c in learned.values())
+    ]
+
+
+def draft_counts_for(llm, prompts: list, max_tokens: int):
+    """The speculative-decoding counters (draft_counts.DraftCounts) of one
+    greedy run of ``prompts`` on a live engine."""
+    from draft_counts import DraftCounts
+
+    before = offline_engine.spec_metrics(llm)
+    generate_ids(llm, prompts, max_tokens)
+    return DraftCounts.between(before, offline_engine.spec_metrics(llm))
+
+
 def text_line_prompts(length: int = 40) -> list:
     """The first ``length`` tokens from the start of every line of the text
     the text pair learned (vllm.fork.tiny_pairs; the text is cyclic)."""
@@ -101,7 +134,7 @@ def family_outputs(
     """Greedy ids of a family pair's target (float32, fp8 KV cache) for
     ``prompts`` (default: family_prompts()), with its DFlash drafter or
     alone; with the drafter also its counters and KV state, and the engine
-    stays up. Alone, the engine is shut down."""
+    stays up (``"llm"``). Alone, the engine is shut down."""
     from vllm.fork.tiny_families import serve_overrides
 
     target, draft = pair
@@ -120,6 +153,7 @@ def family_outputs(
         offline_engine.shutdown_llm()
         return {"ids": ids}
     return {
+        "llm": llm,
         "ids": ids,
         "metrics": offline_engine.spec_metrics(llm),
         "preemptions": offline_engine.engine_counter(llm, "vllm:num_preemptions"),
