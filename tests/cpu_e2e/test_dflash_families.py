@@ -21,7 +21,8 @@ and a DFlash drafter trained against it, served in float32 with
   served target continues as the drafter learned them (the target can leave
   a learned continuation where vLLM and transformers sum a product in
   another order and the fp8 cache rounds the difference into a whole step),
-  mean acceptance length > 3 of the 4 a draft step can give at most;
+  mean acceptance length at least 0.8 of what its trainer measured there
+  (and above 1.5);
 - with prefix caching on, prompts that share a 600-token prefix get the
   same output as target-only without prefix caching, the second time from
   the cache; behind the hybrid targets also with the drafter's cache in the
@@ -81,10 +82,11 @@ def _families():
 # exact (measured). The other families, and gpt-oss on CPUs with AVX-512,
 # run as users serve them.
 BATCH_INVARIANT_ON_TORCH_FP8_PATH = ("gpt_oss",)
-# The drafter of a family pair drafts the continuations it learned nearly
-# without a miss: a draft step gives at most 1 + NUM_SPEC_TOKENS tokens
-# (measured: 3.93 to 4.0 of 4).
-MIN_FOLLOWED_ACCEPTANCE_LENGTH = float(dflash_settings.NUM_SPEC_TOKENS)
+# Served, a family's drafter is accepted on the continuations it learned
+# about as well as its trainer measured there (greedy_runs.
+# learned_acceptance_length: 2.3 to 4.0 of the 4 a draft step gives at
+# most); measured served: 0.96 to 1.0 of it.
+MIN_SHARE_OF_LEARNED_ACCEPTANCE = 0.8
 
 
 @pytest.fixture(scope="module", params=_families())
@@ -94,6 +96,7 @@ def family(request):
     with pytest.MonkeyPatch.context() as env:
         if request.param in BATCH_INVARIANT_ON_TORCH_FP8_PATH and uses_torch_fp8_kv("fp8"):
             env.setenv("VLLM_BATCH_INVARIANT", "1")
+            print(f"\n[e2e] {request.param} on the torch fp8 KV path: VLLM_BATCH_INVARIANT=1")
         yield request.param
 
 
@@ -133,15 +136,20 @@ def family_dflash(family, family_pair, family_reference):
     }
 
 
-def assert_drafter_accepted(followed: list, counts: DraftCounts) -> None:
+def assert_drafter_accepted(draft_dir: str, followed: list, counts: DraftCounts) -> None:
     """The trained drafter is accepted where the target continues as it
-    learned: a drafter whose tapped hidden states or KV cache were wrong
-    would miss there too."""
+    learned, nearly as well as its trainer measured: a drafter whose tapped
+    hidden states or KV cache were wrong would miss there too."""
     assert followed, (
         "the target continued none of the drafter's training prompts as the drafter learned them: "
         "no prompt shows the drafter's acceptance"
     )
-    assert counts.mean_acceptance_length > MIN_FOLLOWED_ACCEPTANCE_LENGTH, (len(followed), counts)
+    learned = greedy_runs.learned_acceptance_length(draft_dir)
+    want = max(MIN_ACCEPTANCE_LENGTH, MIN_SHARE_OF_LEARNED_ACCEPTANCE * learned)
+    assert counts.mean_acceptance_length > want, (
+        f"mean acceptance length {counts.mean_acceptance_length:.3f} on {len(followed)} followed training prompts; "
+        f"want > {want:.3f} (its trainer measured {learned:.3f}): {counts}"
+    )
 
 
 def test_every_attention_layer_caches_fp8(family, family_dflash):
@@ -159,7 +167,9 @@ def test_every_attention_layer_caches_fp8(family, family_dflash):
         )
 
 
-def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash, family_reference, measurements):
+def test_greedy_dflash_equals_target_only_and_is_accepted(
+    family, family_pair, family_dflash, family_reference, measurements
+):
     got, want = family_dflash["ids"], family_reference
     keys = [f"prompt {i}" for i in range(len(want))]
     report = lossless.compare_all(keys, got, want, dtype="float32")
@@ -172,6 +182,7 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
         "mean acceptance length": round(counts.mean_acceptance_length, 3),
         "followed training prompts": len(family_dflash["followed"]),
         "mean acceptance length on them": round(followed.mean_acceptance_length, 3),
+        "mean acceptance length its trainer measured": round(greedy_runs.learned_acceptance_length(family_pair[1]), 3),
         "preemptions": int(family_dflash["preemptions"]),
     }
     print(
@@ -181,7 +192,7 @@ def test_greedy_dflash_equals_target_only_and_is_accepted(family, family_dflash,
     )
     assert all(len(ids) == MAX_TOKENS for ids in got)
     assert report.ok and len(report.exact) == len(want), report.explain()
-    assert_drafter_accepted(family_dflash["followed"], followed)
+    assert_drafter_accepted(family_pair[1], family_dflash["followed"], followed)
 
 
 @pytest.fixture(scope="module", params=[None, "auto"], ids=["drafter-inherits", "drafter-auto"])
@@ -274,7 +285,7 @@ def test_prefix_cache_hits_keep_the_output(
 
 
 def test_prefix_caching_engine_drafts_and_caches_as_asked(
-    family, family_prefix_cached, family_reference, prefix_drafter_dtype, measurements
+    family, family_pair, family_prefix_cached, family_reference, prefix_drafter_dtype, measurements
 ):
     """The same engine on the family prompts: output equal to target-only
     (float32, exact), the trained drafter accepted; every target attention
@@ -302,7 +313,7 @@ def test_prefix_caching_engine_drafts_and_caches_as_asked(
         f"block tokens {blocks}; {report.explain()}"
     )
     assert report.ok and len(report.exact) == len(family_reference), report.explain()
-    assert_drafter_accepted(followed, followed_counts)
+    assert_drafter_accepted(family_pair[1], followed, followed_counts)
     want = {
         "target": ("fp8", "torch.uint8"),
         "draft": ("fp8", "torch.uint8") if prefix_drafter_dtype is None else ("auto", "torch.float32"),

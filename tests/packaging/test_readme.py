@@ -58,6 +58,8 @@ README_COMMANDS = {
     "bash tools/serve.sh": "tests/cpu_e2e/test_serve_script.py",
     "bash tools/run_tests.sh": "tests/packaging/test_workflows.py::test_cpu_workflow_and_ci_run_use_the_readme_test_command",
     "vllm serve Qwen/": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser",
+    "VLLM_BATCH_INVARIANT=1 ": "tests/packaging/test_readme.py::test_readme_vllm_serve_commands_parse_with_vllms_own_parser "
+    "(the mode itself, on an offline engine: tests/cpu_e2e/test_batch_invariant_cpu.py)",
     "python -m vllm.fork.tiny_pairs ": "tests/cpu_e2e/test_readme_quickstart.py",
     "python -m vllm.fork.tiny_families ": "tests/cpu_e2e/test_dflash_families.py::test_readme_family_commands_serve_the_hybrid_moe_target",
     "VLLM_CPU_KVCACHE_SPACE=2 vllm serve fam/target ": "tests/cpu_e2e/test_dflash_families.py::test_readme_family_commands_serve_the_hybrid_moe_target",

@@ -48,6 +48,19 @@ def followed_prompts(draft_dir: str, reference_ids: list[list[int]]) -> list:
     ]
 
 
+def learned_acceptance_length(draft_dir: str) -> float:
+    """The drafter's mean acceptance length along its training prompts'
+    continuations, as its trainer measured it in greedy speculative decoding
+    (the lower of the fp8 roundings it learned)."""
+    import json
+    from pathlib import Path
+
+    from vllm.fork.tiny_pairs import TRAINING_RECORD
+
+    record = json.loads((Path(draft_dir) / TRAINING_RECORD).read_text())["reference_acceptance"]
+    return min(1 + sum(accepted) / drafts for drafts, *accepted in record.values())
+
+
 def draft_counts_for(llm, prompts: list, max_tokens: int):
     """The speculative-decoding counters (draft_counts.DraftCounts) of one
     greedy run of ``prompts`` on a live engine."""
