@@ -21,7 +21,7 @@ import os
 import platform
 import statistics
 import sys
-import time
+import timeit
 
 import torch
 
@@ -31,13 +31,8 @@ DEFAULT_ROWS = [1, 4, 16, 17, 64, 512]
 
 
 def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    fn()  # warm-up
+    return statistics.median(timeit.repeat(fn, repeat=repeats, number=1))
 
 
 def _layer(out_features: int, in_features: int, dtype: torch.dtype) -> torch.nn.Module:
