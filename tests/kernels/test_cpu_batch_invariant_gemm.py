@@ -81,6 +81,12 @@ def test_tokens_with_leading_dimensions_keep_their_shape_and_values(batch_invari
     assert torch.equal(out, _gemm(layer, x.reshape(21, 64)).reshape(3, 7, 96))
 
 
+def test_an_empty_batch_keeps_the_layers_width(batch_invariant):
+    gen = torch.Generator().manual_seed(4)
+    layer = _linear(64, 96, True, gen)
+    assert _gemm(layer, torch.empty(0, 64)).shape == (0, 96)
+
+
 def test_without_the_variable_a_linear_layer_is_the_libraries_product(monkeypatch):
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     gen = torch.Generator().manual_seed(2)

@@ -149,7 +149,10 @@ class VllmServer:
         # Settings of the test process's own offline engines stay there: a
         # server runs as `vllm serve` runs for users.
         inherited = {k: v for k, v in os.environ.items() if k not in TEST_PROCESS_ONLY}
-        self.env = {**inherited, **(env or {}), TAG_VAR: self.tag}
+        # A process of the server (the engine, a worker) that a fault kills
+        # (SIGSEGV, SIGABRT, ...) writes its Python stack into the server's
+        # log: without it the log says only that a worker "died unexpectedly".
+        self.env = {"PYTHONFAULTHANDLER": "1", **inherited, **(env or {}), TAG_VAR: self.tag}
         self.cwd = cwd  # relative model paths resolve against it
         self.proc: subprocess.Popen | None = None
         self._logf = None
