@@ -128,7 +128,8 @@ def family_dflash(family, family_pair, family_reference):
         **SMALL_KV,
         num_gpu_blocks_override=small_kv_blocks(family),
     )
-    followed = greedy_runs.followed_prompts(family_pair[1], family_reference)
+    prompts = greedy_runs.family_prompts()
+    followed = [prompts[i] for i in greedy_runs.followed_prompt_indexes(family_pair[1], family_reference)]
     return {
         **run,
         "followed": followed,
@@ -211,8 +212,8 @@ def prefix_drafter_dtype(request, family):
 def family_prefix_cached(family, family_pair, prefix_drafter_dtype, family_reference):
     """DFlash with prefix caching on (for a hybrid target: vLLM's "align"
     state cache, whose state copies run on CPU since patch 0026): the family
-    prompts once, the training prompts the target follows (for acceptance),
-    then the prompts that share a long prefix, twice. The first of those
+    prompts once (the training prompts the target follows in a pass of their
+    own, for acceptance), then the prompts that share a long prefix, twice. The first of those
     passes fills the cache; the second finds the prefix there."""
     from vllm.fork.tiny_families import serve_overrides
 
@@ -236,24 +237,33 @@ def family_prefix_cached(family, family_pair, prefix_drafter_dtype, family_refer
         "draft tokens": "vllm:spec_decode_num_draft_tokens",
         "accepted": "vllm:spec_decode_num_accepted_tokens",
     }
+    # The family prompts in two passes: the training prompts the target
+    # follows first, so that their pass alone gives the drafter's acceptance
+    # there, then the others.
+    prompts = greedy_runs.family_prompts()
+    followed = greedy_runs.followed_prompt_indexes(draft, family_reference)
+    others = [i for i in range(len(prompts)) if i not in followed]
     passes = []
-    followed = greedy_runs.followed_prompts(draft, family_reference)
-    for prompts in (
-        greedy_runs.family_prompts(),
-        followed,
+    for pass_prompts in (
+        [prompts[i] for i in followed],
+        [prompts[i] for i in others],
         greedy_runs.shared_prefix_prompts(),
         greedy_runs.shared_prefix_prompts(),
     ):
         before = {k: offline_engine.engine_counter(llm, n) for k, n in names.items()}
-        ids, _ = greedy_runs.generate_ids(llm, prompts, MAX_TOKENS)
+        ids, _ = greedy_runs.generate_ids(llm, pass_prompts, MAX_TOKENS) if pass_prompts else ([], None)
         passes.append(
             {"ids": ids, **{k: int(offline_engine.engine_counter(llm, n) - before[k]) for k, n in names.items()}}
         )
     state = llm.collective_rpc(worker_probes.worker_kv_state)[0]
     offline_engine.shutdown_llm()
+    family_ids = dict(zip(followed + others, passes[0]["ids"] + passes[1]["ids"]))
     return {
-        "family prompts": passes[0],
-        "followed": (followed, DraftCounts(passes[1]["drafts"], passes[1]["draft tokens"], passes[1]["accepted"])),
+        "family prompts": {
+            "ids": [family_ids[i] for i in range(len(prompts))],
+            **{k: passes[0][k] + passes[1][k] for k in names},
+        },
+        "followed": (followed, DraftCounts(passes[0]["drafts"], passes[0]["draft tokens"], passes[0]["accepted"])),
         "shared prefix": passes[2:],
         "state": state,
     }
@@ -363,7 +373,7 @@ def test_readme_family_commands_serve_the_hybrid_moe_target(tmp_path, measuremen
     words = shlex.split(serve)
     server_env = dict(w.split("=", 1) for w in words[: words.index("vllm")])
     model, *args = words[words.index("serve") + 1 :]
-    record = json.loads((tmp_path / "fam" / "draft" / "dflash_training.json").read_text())
+    record = greedy_runs.training_record(tmp_path / "fam" / "draft")
     with VllmServer(model, args, tmp_path / "server.log", env=server_env, cwd=tmp_path) as server:
         for ids in record["prompt_token_ids"]:
             status, text = server.post(

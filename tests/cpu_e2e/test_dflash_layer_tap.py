@@ -12,8 +12,6 @@ engine checks below run in every suite.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import greedy_runs
@@ -29,12 +27,6 @@ def _runner_aux_layers(hf_config):
 
     stub = SimpleNamespace(speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config)))
     return GPUModelRunner._get_eagle3_aux_layers_from_config(stub)
-
-
-def _training_record(draft: str) -> dict:
-    from vllm.fork.tiny_pairs import TRAINING_RECORD
-
-    return json.loads((Path(draft) / TRAINING_RECORD).read_text())
 
 
 # --- unit level: the ids the runner derives -------------------------------
@@ -81,7 +73,7 @@ def _trained_llm(trained_pair):
 
 
 def _prompts(draft: str) -> list[dict]:
-    return [{"prompt_token_ids": ids} for ids in _training_record(draft)["prompt_token_ids"]]
+    return [{"prompt_token_ids": ids} for ids in greedy_runs.training_record(draft)["prompt_token_ids"]]
 
 
 def test_drafter_gets_outputs_of_target_layer_ids(trained_pair, measurements):
@@ -153,7 +145,7 @@ def test_trained_drafter_accepts_more_with_its_layers(trained_pair, measurements
     from vllm.fork.tiny_pairs import TARGET_LAYER_IDS
 
     _, draft = trained_pair
-    record = _training_record(draft)
+    record = greedy_runs.training_record(draft)
     llm = _trained_llm(trained_pair)
     prompts = _prompts(draft)
     own_layers = llm.collective_rpc(worker_probes.worker_aux_layers)[0]

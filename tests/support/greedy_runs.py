@@ -25,24 +25,29 @@ def family_prompts() -> list:
     return [*({"prompt_token_ids": ids} for ids in trained_prompts()), *PROMPTS]
 
 
-def followed_prompts(draft_dir: str, reference_ids: list[list[int]]) -> list:
-    """Those of the drafter's training prompts (the first prompts of
-    :func:`family_prompts`) whose target-only output ``reference_ids`` is, in
-    full, a continuation the drafter learned (its training record keeps one
-    per fp8 rounding). A drafter was trained against its target in
-    transformers; the served target can leave that continuation where the
-    two compute a token in different float32 order and the fp8 cache
-    rounds the difference into a whole step. Where it follows it, the
-    drafter should draft nearly every token right."""
+def training_record(draft_dir: str) -> dict:
+    """What a tiny pair's trainer recorded beside its drafter
+    (vllm.fork.tiny_pairs.TRAINING_RECORD)."""
     import json
     from pathlib import Path
 
     from vllm.fork.tiny_pairs import TRAINING_RECORD
 
-    learned = json.loads((Path(draft_dir) / TRAINING_RECORD).read_text())["continuations"]
-    prompts = family_prompts()
+    return json.loads((Path(draft_dir) / TRAINING_RECORD).read_text())
+
+
+def followed_prompt_indexes(draft_dir: str, reference_ids: list[list[int]]) -> list[int]:
+    """The indexes, in :func:`family_prompts`, of the drafter's training
+    prompts whose target-only output ``reference_ids`` is, in full, a
+    continuation the drafter learned (its training record keeps one per fp8
+    rounding). A drafter was trained against its target in transformers; the
+    served target can leave that continuation where the two compute a token
+    in different float32 order and the fp8 cache rounds the difference into
+    a whole step. Where it follows it, the drafter should draft nearly every
+    token right."""
+    learned = training_record(draft_dir)["continuations"]
     return [
-        prompts[i]
+        i
         for i in range(len(next(iter(learned.values()))))
         if any(list(reference_ids[i]) == list(c[i]) for c in learned.values())
     ]
@@ -52,12 +57,7 @@ def learned_acceptance_length(draft_dir: str) -> float:
     """The drafter's mean acceptance length along its training prompts'
     continuations, as its trainer measured it in greedy speculative decoding
     (the lower of the fp8 roundings it learned)."""
-    import json
-    from pathlib import Path
-
-    from vllm.fork.tiny_pairs import TRAINING_RECORD
-
-    record = json.loads((Path(draft_dir) / TRAINING_RECORD).read_text())["reference_acceptance"]
+    record = training_record(draft_dir)["reference_acceptance"]
     return min(1 + sum(accepted) / drafts for drafts, *accepted in record.values())
 
 
