@@ -50,6 +50,8 @@ class ForkConfig:
     # [project] fields this fork states itself (the base's are a third party's).
     summary: str = ""
     requires_python: str = ""
+    # [project.optional-dependencies]: what `vllm[extra]` adds to either target.
+    optional_dependencies: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Set in an sdist's pyproject.toml: the one target that sdist builds (its
     # file name carries that target's version, and pip insists they agree).
     sdist_target: str = ""
@@ -120,5 +122,8 @@ def load(root: Path | None = None) -> ForkConfig:
         targets=targets,
         summary=project.get("description", ""),
         requires_python=project.get("requires-python", ""),
+        optional_dependencies=tuple(
+            (extra, tuple(reqs)) for extra, reqs in project.get("optional-dependencies", {}).items()
+        ),
         sdist_target=table.get("sdist-target", ""),
     )

@@ -39,6 +39,9 @@ def _fork_fields(config: ForkConfig, target: Target) -> list[str]:
     lines.append(f"Project-URL: Base wheel, https://pypi.org/project/{target.dist}/{target.version}/")
     if config.requires_python:
         lines.append(f"Requires-Python: {config.requires_python}")
+    for extra, requirements in config.optional_dependencies:
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {req}; extra == "{extra}"' for req in requirements]
     return lines
 
 
@@ -52,8 +55,8 @@ def _with_description(lines: list[str], config: ForkConfig) -> str:
 
 def wheel_metadata(base_metadata: str, config: ForkConfig, target: Target, version: str) -> str:
     """The base's METADATA as this fork's: the fork fields in place of the
-    base publisher's names and URLs, and the base's dependencies (rewritten
-    where the target says so)."""
+    base publisher's names and URLs, the base's dependencies (rewritten
+    where the target says so) and the fork's own extras."""
     headers, _, _ = base_metadata.partition("\n\n")
     unused = dict(target.requires_dist_rewrite)
     lines = []
@@ -74,6 +77,13 @@ def wheel_metadata(base_metadata: str, config: ForkConfig, target: Target, versi
         lines.append(line)
         if key == "Version":
             lines.extend(_fork_fields(config, target))
+    base_extras = {line.partition(": ")[2] for line in headers.split("\n") if line.startswith("Provides-Extra: ")}
+    clashing = sorted(base_extras & {extra for extra, _ in config.optional_dependencies})
+    if clashing:
+        raise MetadataError(
+            f"target {target.name!r}: the base already provides the extras {clashing}; "
+            "[project.optional-dependencies] may only add new ones"
+        )
     if unused:
         raise MetadataError(
             f"target {target.name!r}: requires-dist-rewrite rules matched nothing in the base "

