@@ -9,7 +9,10 @@ What docs/scaling.md tells users to run, with vLLM's mp backend:
   parallelism across them (`--data-parallel-size-local 1
   --data-parallel-address --data-parallel-rpc-port`, the second
   `--data-parallel-start-rank 1`);
-- the loss of the headless node in the middle of decoding.
+- the loss of the headless node in the middle of decoding;
+- tensor parallelism over vLLM's Ray executor on a Ray cluster of two nodes
+  (tests/support/ray_nodes.py: two `ray start` nodes on 127.0.0.1 and
+  127.0.0.2), and the loss of the node that holds a worker.
 
 The pair is the text pair in float32 with an fp8 KV cache everywhere. The
 reference is one single-process server with the same settings; every
@@ -32,7 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import dflash_settings
 import parallel_workers
+import psutil
 import pytest
+from ray_nodes import TwoNodeRayCluster
 from vllm_server import VllmServer, free_port, http
 
 pytestmark = pytest.mark.extended
@@ -254,3 +259,89 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
     # It exits by itself (wait() above would have timed out otherwise), with
     # an error status (patch 0031; vLLM 0.21.0 exited 0).
     assert head_code != 0 and not left, (head_code, left)
+
+
+def _ray_tensor_parallel_server(text_pair, cluster: TwoNodeRayCluster, tmp_path) -> VllmServer:
+    target, draft = text_pair
+    args = [*serve_args(draft), "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+    # The engine joins the cluster as a driver on the head's address.
+    env = {**_env(",".join(_ranks_bind())), **cluster.driver_env}
+    return VllmServer(target, args, tmp_path / "ray-tp2.log", env=env)
+
+
+def _worker_actors(node) -> list[int]:
+    """The vLLM worker actors (Ray names their processes ray::RayWorkerProc) on a node."""
+    found = []
+    for p in node.processes():
+        try:
+            if "RayWorkerProc" in " ".join(p.cmdline()):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_tensor_parallel_over_ray_on_two_nodes(text_pair, reference, tmp_path, measurements):
+    with TwoNodeRayCluster(tmp_path) as cluster:
+        srv = _ray_tensor_parallel_server(text_pair, cluster, tmp_path)
+        try:
+            srv.start()
+            texts = complete_concurrently(srv)
+            metrics = srv.metrics()
+            workers = {node.ip: _worker_actors(node) for node in (cluster.head, cluster.other)}
+            stopped = stop_leaving_nothing(srv)
+        finally:
+            srv.stop()
+        # The worker actors belong to the Ray nodes, not to the server.
+        workers_left = _worker_actors(cluster.head) + _worker_actors(cluster.other)
+        survivors = cluster.stop()
+    measurements["Ray TP=2 over two nodes: start s"] = round(srv.start_s, 1)
+    measurements["Ray TP=2 over two nodes: stop"] = stopped
+    measurements["Ray TP=2 over two nodes: worker actors by node"] = workers
+    assert all(len(pids) == 1 for pids in workers.values()), workers
+    assert metrics.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0, metrics
+    assert texts == reference
+    assert not workers_left, workers_left
+    assert not survivors, [p.pid for p in survivors]
+
+
+def test_losing_a_ray_node_mid_decoding_ends_requests_and_server(text_pair, tmp_path, measurements):
+    """SIGKILL of every process of the second Ray node (its raylet and the
+    worker on it) while four long requests decode: each ends with an error
+    status, the server's log names the rank that died, and the server exits
+    by itself with an error status, all within NODE_LOSS_BOUND_S."""
+    with TwoNodeRayCluster(tmp_path) as cluster:
+        srv = _ray_tensor_parallel_server(text_pair, cluster, tmp_path)
+        try:
+            srv.start()
+            with ThreadPoolExecutor(4) as pool:
+                model = srv.model_id()
+                pending = [
+                    pool.submit(_one, srv, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]
+                ]
+                srv.wait_until_running()
+                running = [f for f in pending if not f.done()]
+                t0 = time.monotonic()
+                cluster.other.kill()
+                answers = [f.result(timeout=NODE_LOSS_BOUND_S) for f in pending]
+                ended_s = time.monotonic() - t0
+            code = srv.proc.wait(timeout=NODE_LOSS_BOUND_S)
+            exit_s = time.monotonic() - t0
+            left = srv.leftovers(grace_s=10)
+            log = srv.log_tail(2_000_000)
+        finally:
+            srv.stop()
+    statuses = [status for status, _text in answers]
+    measurements["Ray node loss"] = {
+        "in flight": len(running),
+        "statuses": statuses,
+        "requests ended s": round(ended_s, 1),
+        "server exit": code,
+        "server exit s": round(exit_s, 1),
+        "left": [p.pid for p in left],
+    }
+    assert running, "every request finished before the node was lost: make them longer"
+    assert all(status >= 500 for status in statuses), answers
+    # Rank 1 is the one on the second node (rank 0 is on the driver's).
+    assert "RayWorkerProc rank=[1] died unexpectedly" in log, log[-4000:]
+    assert code != 0 and not left, (code, left)

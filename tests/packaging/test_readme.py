@@ -71,6 +71,9 @@ README_COMMANDS = {
     "--enforce-eager --tensor-parallel-size 2": "tests/cpu_e2e/test_dflash_scale_out.py::test_tensor_parallel_across_two_nodes",
     'VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="0-31" vllm serve pair/target --kv-cache-dtype fp8 '
     "--enforce-eager --data-parallel-size 2": "tests/cpu_e2e/test_dflash_scale_out.py::test_data_parallel_across_two_nodes",
+    'pip install "vllm[ray] @ ': "tests/packaging/test_backend.py::test_cpu_wheel_is_named_vllm_with_cpu_version (the extra)",
+    "ray start --": "tests/cpu_e2e/test_dflash_scale_out.py::test_tensor_parallel_over_ray_on_two_nodes (tests/support/ray_nodes.py)",
+    "RAY_ADDRESS=NODE0_IP:6379 ": "tests/cpu_e2e/test_dflash_scale_out.py::test_tensor_parallel_over_ray_on_two_nodes",
     "curl -s http://127.0.0.1:8000/": "tests/cpu_e2e/test_readme_quickstart.py",
     'pip install "git+https://': "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
     "VLLM_TARGET_DEVICE=cpu pip install .": "tests/packaging/test_backend.py::test_pip_builds_the_fork_offline",
