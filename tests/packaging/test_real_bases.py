@@ -94,7 +94,11 @@ def test_cuda_wheel_contents_and_metadata(tmp_path):
         metadata = zf.read(f"{dist}/METADATA").decode()
         assert "Name: vllm\n" in metadata and "cpu" not in CFG.fork_version(target)
         base_meta = base.read("vllm-0.21.0.dist-info/METADATA").decode()
-        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
+        # The base's dependencies unchanged, and the fork's extras.
+        extras = [
+            f'Requires-Dist: {req}; extra == "{name}"' for name, reqs in CFG.optional_dependencies for req in reqs
+        ]
+        assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == extras + [
             line for line in base_meta.splitlines() if line.startswith("Requires-Dist")
         ]
         rows = {row[0]: row for row in csv.reader(io.StringIO(zf.read(f"{dist}/RECORD").decode()))}
