@@ -15,4 +15,4 @@ import os
 if os.environ.get("VLLM_FORK_TEST_NO_AVX512") == "1":
     import no_avx512_probes
 
-    no_avx512_probes.apply()
+    no_avx512_probes.apply_when_torch_is_imported()
