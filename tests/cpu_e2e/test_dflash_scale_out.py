@@ -220,6 +220,39 @@ def test_data_parallel_across_two_nodes(text_pair, reference, tmp_path, measurem
     assert texts == reference
 
 
+def lose_a_node_mid_decoding(srv: VllmServer, kill_node) -> dict:
+    """Four long requests to ``srv``; once they decode, ``kill_node()``.
+    What happened: the requests still in flight then, their statuses, and
+    how long after the loss they ended and the server exited by itself
+    (each bounded by NODE_LOSS_BOUND_S: a hang fails here)."""
+    with ThreadPoolExecutor(4) as pool:
+        model = srv.model_id()
+        pending = [pool.submit(_one, srv, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]]
+        srv.wait_until_running()
+        running = [f for f in pending if not f.done()]
+        t0 = time.monotonic()
+        kill_node()
+        answers = [f.result(timeout=NODE_LOSS_BOUND_S) for f in pending]
+        ended_s = time.monotonic() - t0
+    code = srv.proc.wait(timeout=NODE_LOSS_BOUND_S)
+    return {
+        "in flight": len(running),
+        "statuses": [status for status, _text in answers],
+        "requests ended s": round(ended_s, 1),
+        "server exit": code,
+        "server exit s": round(time.monotonic() - t0, 1),
+        "answers": answers,
+    }
+
+
+def assert_the_loss_ended_requests_and_server(loss: dict, left: list) -> None:
+    assert loss["in flight"], "every request finished before the node was lost: make them longer"
+    assert all(status >= 500 for status in loss["statuses"]), loss["answers"]
+    # It exits by itself (wait() would have timed out otherwise), with an
+    # error status (patch 0031; vLLM 0.21.0 exited 0), leaving nothing.
+    assert loss["server exit"] != 0 and not left, (loss["server exit"], left)
+
+
 def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pair, tmp_path, measurements):
     """SIGKILL of the second node (its `vllm serve` and its worker, as a
     machine that goes down) while four long requests decode: each ends with
@@ -229,36 +262,12 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
     NODE_LOSS_BOUND_S, where a hang would wait for gloo's 30-minute timeout."""
     head, other = _tensor_parallel_nodes(text_pair, tmp_path)
     with _two_nodes_serving(head, other):
-        with ThreadPoolExecutor(4) as pool:
-            model = head.model_id()
-            pending = [
-                pool.submit(_one, head, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]
-            ]
-            head.wait_until_running()
-            running = [f for f in pending if not f.done()]
-            t0 = time.monotonic()
-            other.signal(signal.SIGKILL, group=True, timeout=10)
-            answers = [f.result(timeout=NODE_LOSS_BOUND_S) for f in pending]
-            ended_s = time.monotonic() - t0
-        head_code = head.proc.wait(timeout=NODE_LOSS_BOUND_S)
-        exit_s = time.monotonic() - t0
+        loss = lose_a_node_mid_decoding(head, lambda: other.signal(signal.SIGKILL, group=True, timeout=10))
         left = head.leftovers(grace_s=10) + other.leftovers(grace_s=10)
         log = head.log_tail(200_000)
-    statuses = [status for status, _text in answers]
-    measurements["node loss"] = {
-        "in flight": len(running),
-        "statuses": statuses,
-        "requests ended s": round(ended_s, 1),
-        "head exit": head_code,
-        "head exit s": round(exit_s, 1),
-        "left": [p.pid for p in left],
-    }
-    assert running, "every request finished before the node was lost: make them longer"
-    assert all(status >= 500 for status in statuses), answers
+    measurements["node loss"] = {**{k: v for k, v in loss.items() if k != "answers"}, "left": [p.pid for p in left]}
     assert "Worker failed" in log and "by peer" in log, log[-4000:]
-    # It exits by itself (wait() above would have timed out otherwise), with
-    # an error status (patch 0031; vLLM 0.21.0 exited 0).
-    assert head_code != 0 and not left, (head_code, left)
+    assert_the_loss_ended_requests_and_server(loss, left)
 
 
 def _ray_tensor_parallel_server(text_pair, cluster: TwoNodeRayCluster, tmp_path) -> VllmServer:
@@ -314,34 +323,12 @@ def test_losing_a_ray_node_mid_decoding_ends_requests_and_server(text_pair, tmp_
         srv = _ray_tensor_parallel_server(text_pair, cluster, tmp_path)
         try:
             srv.start()
-            with ThreadPoolExecutor(4) as pool:
-                model = srv.model_id()
-                pending = [
-                    pool.submit(_one, srv, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]
-                ]
-                srv.wait_until_running()
-                running = [f for f in pending if not f.done()]
-                t0 = time.monotonic()
-                cluster.other.kill()
-                answers = [f.result(timeout=NODE_LOSS_BOUND_S) for f in pending]
-                ended_s = time.monotonic() - t0
-            code = srv.proc.wait(timeout=NODE_LOSS_BOUND_S)
-            exit_s = time.monotonic() - t0
+            loss = lose_a_node_mid_decoding(srv, cluster.other.kill)
             left = srv.leftovers(grace_s=10)
             log = srv.log_tail(2_000_000)
         finally:
             srv.stop()
-    statuses = [status for status, _text in answers]
-    measurements["Ray node loss"] = {
-        "in flight": len(running),
-        "statuses": statuses,
-        "requests ended s": round(ended_s, 1),
-        "server exit": code,
-        "server exit s": round(exit_s, 1),
-        "left": [p.pid for p in left],
-    }
-    assert running, "every request finished before the node was lost: make them longer"
-    assert all(status >= 500 for status in statuses), answers
+    measurements["Ray node loss"] = {**{k: v for k, v in loss.items() if k != "answers"}, "left": [p.pid for p in left]}
     # Rank 1 is the one on the second node (rank 0 is on the driver's).
     assert "RayWorkerProc rank=[1] died unexpectedly" in log, log[-4000:]
-    assert code != 0 and not left, (code, left)
+    assert_the_loss_ended_requests_and_server(loss, left)

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import psutil
-from vllm_server import TAG_VAR, dying_with_this_process, free_port, still_running, tagged_processes
+from vllm_server import TAG_VAR, free_port, log_tail, start_logged, still_running, tagged_processes
 
 JOIN_TIMEOUT_S = 120
 # What every process of the cluster, drivers included, runs with. Ray 2.60
@@ -47,21 +47,11 @@ class RayNode:
         self._logf = None
 
     def start(self) -> RayNode:
-        self._logf = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            dying_with_this_process(self.cmd),
-            stdout=self._logf,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-        )
+        self.proc, self._logf = start_logged(self.cmd, self.log_path, self.env)
         return self
 
     def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def processes(self) -> list[psutil.Process]:
         return tagged_processes(self.tag)

@@ -77,6 +77,24 @@ def dying_with_this_process(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
+def start_logged(cmd: list[str], log_path: Path, env: dict[str, str], cwd=None) -> tuple[subprocess.Popen, object]:
+    """``cmd`` in a session of its own (so its whole group can be signalled),
+    sent SIGTERM if this process dies, its output in ``log_path``: (the
+    process, the open log file the caller closes)."""
+    logf = open(log_path, "w")
+    proc = subprocess.Popen(
+        dying_with_this_process(cmd), stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+    )
+    return proc, logf
+
+
+def log_tail(log_path: Path, n: int) -> str:
+    try:
+        return Path(log_path).read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
 def http(
     method: str, url: str, body: dict | bytes | None = None, timeout: float = REQUEST_TIMEOUT_S
 ) -> tuple[int, str]:
@@ -173,22 +191,11 @@ class VllmServer:
         shared.mkdir(parents=True, exist_ok=True)
         (self.tmpdir / shared.name).symlink_to(shared, target_is_directory=True)
         print(f"\n[serve] starting: {' '.join(self.cmd)}  (log: {self.log_path}, TMPDIR={self.tmpdir})")
-        self._logf = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            dying_with_this_process(self.cmd),
-            stdout=self._logf,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=self.cwd,
-            start_new_session=True,
-        )
+        self.proc, self._logf = start_logged(self.cmd, self.log_path, self.env, self.cwd)
         return self
 
     def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> float:
         t0 = time.monotonic()
