@@ -9,6 +9,7 @@ shape error, and two started with a cache of another format.
 from __future__ import annotations
 
 import pytest
+from engine_configs import config_refusal
 
 pytestmark = pytest.mark.needs_patch("0028")
 
@@ -27,21 +28,17 @@ STORED_ON_CPU = "auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16"
 
 
 def _refusal(target: str, draft: str, target_dtype: str, draft_dtype: str | None) -> str:
-    from vllm.engine.arg_utils import EngineArgs
-
     spec = {"method": "dflash", "model": draft, "num_speculative_tokens": 3}
     if draft_dtype is not None:
         spec["kv_cache_dtype"] = draft_dtype
-    with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
-        EngineArgs(
-            model=target,
-            dtype="bfloat16",
-            max_model_len=256,
-            enforce_eager=True,
-            kv_cache_dtype=target_dtype,
-            speculative_config=spec,
-        ).create_engine_config()
-    return str(e.value)
+    return config_refusal(
+        model=target,
+        dtype="bfloat16",
+        max_model_len=256,
+        enforce_eager=True,
+        kv_cache_dtype=target_dtype,
+        speculative_config=spec,
+    )
 
 
 @pytest.mark.parametrize("cache_dtype", NOT_ON_CPU)

@@ -10,24 +10,25 @@ The tiny pairs' drafters are trained on blocks of 4 positions
 from __future__ import annotations
 
 import pytest
+from engine_configs import config_refusal, engine_config
 
 
-def _engine_config(target: str, **spec):
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(
+def _engine_args(target: str, **spec) -> dict:
+    return dict(
         model=target,
         dtype="float32",
         max_model_len=256,
         enforce_eager=True,
         speculative_config={"method": "dflash", **spec},
-    ).create_engine_config()
+    )
+
+
+def _engine_config(target: str, **spec):
+    return engine_config(**_engine_args(target, **spec))
 
 
 def _refusal(target: str, **spec) -> str:
-    with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
-        _engine_config(target, **spec)
-    return str(e.value)
+    return config_refusal(**_engine_args(target, **spec))
 
 
 @pytest.mark.needs_patch("0017")
@@ -79,19 +80,8 @@ def test_pipeline_parallelism_is_refused_pointing_at_tensor_parallelism(trained_
     """Refused at configuration (no engine starts), naming pipeline
     parallelism and what works instead; the base's error named neither the
     drafter nor an alternative."""
-    from vllm.engine.arg_utils import EngineArgs
-
     target, draft = trained_pair
-    with pytest.raises(Exception) as e:
-        EngineArgs(
-            model=target,
-            dtype="float32",
-            max_model_len=256,
-            enforce_eager=True,
-            pipeline_parallel_size=2,
-            distributed_executor_backend="mp",
-            speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": 3},
-        ).create_engine_config()
-    message = str(e.value)
+    args = _engine_args(target, model=draft, num_speculative_tokens=3)
+    message = config_refusal(**args, pipeline_parallel_size=2, distributed_executor_backend="mp")
     assert "DFlash speculative decoding does not support pipeline parallelism" in message, message
     assert "pipeline_parallel_size=2" in message and "--tensor-parallel-size" in message, message

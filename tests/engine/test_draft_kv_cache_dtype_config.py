@@ -13,6 +13,7 @@ tests/cpu_e2e/test_dflash_draft_kv_dtype.py.
 from __future__ import annotations
 
 import pytest
+from engine_configs import config_refusal, engine_config
 
 pytestmark = pytest.mark.needs_patch("0027")
 
@@ -24,11 +25,9 @@ def family_pair_qwen3_5_moe():
     return pair_cache.make_family_pair("qwen3_5_moe")
 
 
-def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None, **spec):
-    from vllm.engine.arg_utils import EngineArgs
-
+def _engine_args(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per_prompt=None, **spec) -> dict:
     extra = {} if limit_mm_per_prompt is None else {"limit_mm_per_prompt": limit_mm_per_prompt}
-    return EngineArgs(
+    return dict(
         model=target,
         dtype="float32",
         max_model_len=256,
@@ -36,13 +35,15 @@ def _engine_config(target: str, target_kv_cache_dtype: str = "fp8", limit_mm_per
         kv_cache_dtype=target_kv_cache_dtype,
         **extra,
         speculative_config={"num_speculative_tokens": 3, **spec},
-    ).create_engine_config()
+    )
+
+
+def _engine_config(target: str, *args, **spec):
+    return engine_config(**_engine_args(target, *args, **spec))
 
 
 def _refusal(target: str, **spec) -> str:
-    with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
-        _engine_config(target, **spec)
-    return str(e.value)
+    return config_refusal(**_engine_args(target, **spec))
 
 
 @pytest.mark.parametrize(
