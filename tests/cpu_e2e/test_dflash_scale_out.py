@@ -37,7 +37,7 @@ import dflash_settings
 import parallel_workers
 import psutil
 import pytest
-from ray_nodes import TwoNodeRayCluster
+from ray_nodes import LocalRayCluster
 from vllm_server import VllmServer, free_port, http
 
 pytestmark = pytest.mark.extended
@@ -220,11 +220,11 @@ def test_data_parallel_across_two_nodes(text_pair, reference, tmp_path, measurem
     assert texts == reference
 
 
-def lose_a_node_mid_decoding(srv: VllmServer, kill_node) -> dict:
+def lose_a_node_mid_decoding(srv: VllmServer, kill_node) -> tuple[dict, list]:
     """Four long requests to ``srv``; once they decode, ``kill_node()``.
-    What happened: the requests still in flight then, their statuses, and
-    how long after the loss they ended and the server exited by itself
-    (each bounded by NODE_LOSS_BOUND_S: a hang fails here)."""
+    What happened (the requests still in flight then, their statuses, and
+    how long after the loss they ended and the server exited by itself,
+    each bounded by NODE_LOSS_BOUND_S: a hang fails here) and the answers."""
     with ThreadPoolExecutor(4) as pool:
         model = srv.model_id()
         pending = [pool.submit(_one, srv, model, prompt, LONG_MAX_TOKENS, NODE_LOSS_BOUND_S) for prompt in PROMPTS[:4]]
@@ -235,19 +235,19 @@ def lose_a_node_mid_decoding(srv: VllmServer, kill_node) -> dict:
         answers = [f.result(timeout=NODE_LOSS_BOUND_S) for f in pending]
         ended_s = time.monotonic() - t0
     code = srv.proc.wait(timeout=NODE_LOSS_BOUND_S)
-    return {
+    figures = {
         "in flight": len(running),
         "statuses": [status for status, _text in answers],
         "requests ended s": round(ended_s, 1),
         "server exit": code,
         "server exit s": round(time.monotonic() - t0, 1),
-        "answers": answers,
     }
+    return figures, answers
 
 
-def assert_the_loss_ended_requests_and_server(loss: dict, left: list) -> None:
+def assert_the_loss_ended_requests_and_server(loss: dict, answers: list, left: list) -> None:
     assert loss["in flight"], "every request finished before the node was lost: make them longer"
-    assert all(status >= 500 for status in loss["statuses"]), loss["answers"]
+    assert all(status >= 500 for status in loss["statuses"]), answers
     # It exits by itself (wait() would have timed out otherwise), with an
     # error status (patch 0031; vLLM 0.21.0 exited 0), leaving nothing.
     assert loss["server exit"] != 0 and not left, (loss["server exit"], left)
@@ -262,15 +262,15 @@ def test_losing_the_headless_node_mid_decoding_ends_requests_and_server(text_pai
     NODE_LOSS_BOUND_S, where a hang would wait for gloo's 30-minute timeout."""
     head, other = _tensor_parallel_nodes(text_pair, tmp_path)
     with _two_nodes_serving(head, other):
-        loss = lose_a_node_mid_decoding(head, lambda: other.signal(signal.SIGKILL, group=True, timeout=10))
+        loss, answers = lose_a_node_mid_decoding(head, lambda: other.signal(signal.SIGKILL, group=True, timeout=10))
         left = head.leftovers(grace_s=10) + other.leftovers(grace_s=10)
         log = head.log_tail(200_000)
-    measurements["node loss"] = {**{k: v for k, v in loss.items() if k != "answers"}, "left": [p.pid for p in left]}
+    measurements["node loss"] = {**loss, "left": [p.pid for p in left]}
     assert "Worker failed" in log and "by peer" in log, log[-4000:]
-    assert_the_loss_ended_requests_and_server(loss, left)
+    assert_the_loss_ended_requests_and_server(loss, answers, left)
 
 
-def _ray_tensor_parallel_server(text_pair, cluster: TwoNodeRayCluster, tmp_path) -> VllmServer:
+def _ray_tensor_parallel_server(text_pair, cluster: LocalRayCluster, tmp_path) -> VllmServer:
     target, draft = text_pair
     args = [*serve_args(draft), "--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
     # The engine joins the cluster as a driver on the head's address.
@@ -291,7 +291,7 @@ def _worker_actors(node) -> list[int]:
 
 
 def test_tensor_parallel_over_ray_on_two_nodes(text_pair, reference, tmp_path, measurements):
-    with TwoNodeRayCluster(tmp_path) as cluster:
+    with LocalRayCluster(tmp_path) as cluster:
         srv = _ray_tensor_parallel_server(text_pair, cluster, tmp_path)
         try:
             srv.start()
@@ -319,16 +319,16 @@ def test_losing_a_ray_node_mid_decoding_ends_requests_and_server(text_pair, tmp_
     worker on it) while four long requests decode: each ends with an error
     status, the server's log names the rank that died, and the server exits
     by itself with an error status, all within NODE_LOSS_BOUND_S."""
-    with TwoNodeRayCluster(tmp_path) as cluster:
+    with LocalRayCluster(tmp_path) as cluster:
         srv = _ray_tensor_parallel_server(text_pair, cluster, tmp_path)
         try:
             srv.start()
-            loss = lose_a_node_mid_decoding(srv, cluster.other.kill)
+            loss, answers = lose_a_node_mid_decoding(srv, cluster.other.kill)
             left = srv.leftovers(grace_s=10)
             log = srv.log_tail(2_000_000)
         finally:
             srv.stop()
-    measurements["Ray node loss"] = {**{k: v for k, v in loss.items() if k != "answers"}, "left": [p.pid for p in left]}
+    measurements["Ray node loss"] = {**loss, "left": [p.pid for p in left]}
     # Rank 1 is the one on the second node (rank 0 is on the driver's).
     assert "RayWorkerProc rank=[1] died unexpectedly" in log, log[-4000:]
-    assert_the_loss_ended_requests_and_server(loss, left)
+    assert_the_loss_ended_requests_and_server(loss, answers, left)
