@@ -6,8 +6,8 @@ the CPU platform named no Ray resource). With the fork, each worker of the
 Ray executor holds one of Ray's CPU resources: the placement group has one
 CPU bundle per rank, a worker actor is created with the options the executor
 gives it, and it reports its node and no accelerator ids (so the node's own
-CPU_VISIBLE_MEMORY_NODES stays). These checks run on a Ray instance of this
-process (two CPUs); tests/cpu_e2e/test_dflash_scale_out.py serves DFlash
+CPU_VISIBLE_MEMORY_NODES stays). These checks run on a one-node Ray cluster of
+their own (two CPUs); tests/cpu_e2e/test_dflash_scale_out.py serves DFlash
 over two Ray nodes.
 
 vLLM's older Ray executor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) asks Ray for
@@ -18,20 +18,28 @@ engine config is built, saying what to use.
 from __future__ import annotations
 
 import pytest
+from engine_configs import config_refusal
+from ray_nodes import LocalRayCluster
 
 pytestmark = pytest.mark.needs_patch("0033")
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(tmp_path_factory):
     import ray  # tests/requirements.txt installs it (the fork's `ray` extra)
 
-    # A Ray instance of its own, whatever cluster this machine may run.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    # A Ray node of its own (whatever cluster this machine may run) that goes
+    # with this process even if it is killed, which one ray.init starts
+    # does not wholly do (its agents stay).
+    with LocalRayCluster(tmp_path_factory.mktemp("ray"), nodes=1, num_cpus=2) as cluster:
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in cluster.driver_env.items():
+                env.setenv(name, value)
+            ray.init(address=cluster.address, log_to_driver=False)
+            try:
+                yield ray
+            finally:
+                ray.shutdown()
 
 
 def test_each_rank_gets_a_cpu_bundle_and_a_worker_actor_on_it(local_ray):
@@ -76,19 +84,15 @@ def test_each_rank_gets_a_cpu_bundle_and_a_worker_actor_on_it(local_ray):
 
 
 def test_the_older_ray_executor_is_refused_with_what_to_use(trained_pair, monkeypatch):
-    from vllm.engine.arg_utils import EngineArgs
-
     monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "0")
     target, _draft = trained_pair
-    with pytest.raises(Exception) as e:  # pydantic's ValidationError wraps the ValueError
-        EngineArgs(
-            model=target,
-            dtype="float32",
-            max_model_len=256,
-            enforce_eager=True,
-            tensor_parallel_size=2,
-            distributed_executor_backend="ray",
-        ).create_engine_config()
-    message = str(e.value)
+    message = config_refusal(
+        model=target,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+    )
     assert "unset VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0" in message, message
     assert "--distributed-executor-backend mp" in message, message

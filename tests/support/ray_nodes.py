@@ -1,4 +1,4 @@
-"""A Ray cluster of two nodes on this machine, for the tests that serve over Ray.
+"""A Ray cluster of one or two nodes on this machine, for the tests of vLLM on Ray.
 
 Each node is a `ray start --block` process of its own, on its own loopback
 address (127.0.0.1 for the head, 127.0.0.2 for the other: Linux routes all
@@ -36,13 +36,13 @@ CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 class RayNode:
-    def __init__(self, ip: str, log_path: Path, args: list[str], env: dict[str, str]):
+    def __init__(self, ip: str, log_path: Path, args: list[str], num_cpus: int = 1):
         self.ip = ip
         self.tag = uuid.uuid4().hex
         self.log_path = log_path
         ray_cli = str(Path(sys.executable).with_name("ray"))
-        self.cmd = [ray_cli, "start", "--block", "--node-ip-address", ip, "--num-cpus", "1", *args]
-        self.env = {**os.environ, **env, **CLUSTER_ENV, "VLLM_HOST_IP": ip, TAG_VAR: self.tag}
+        self.cmd = [ray_cli, "start", "--block", "--node-ip-address", ip, "--num-cpus", str(num_cpus), *args]
+        self.env = {**os.environ, **CLUSTER_ENV, "VLLM_HOST_IP": ip, TAG_VAR: self.tag}
         self.proc: subprocess.Popen | None = None
         self._logf = None
 
@@ -82,26 +82,31 @@ class RayNode:
         return survivors
 
 
-class TwoNodeRayCluster:
-    """The head on 127.0.0.1 and a second node on 127.0.0.2; a driver (`vllm
-    serve`) joins with ``driver_env``."""
+class LocalRayCluster:
+    """The head on 127.0.0.1 and a second node on 127.0.0.2 (or the head
+    alone, with ``num_cpus``); a driver (`vllm serve`) joins with
+    ``driver_env``. Every node goes when the test process does, killed or
+    not (`ray start --block` stops its node on the SIGTERM it then gets)."""
 
-    def __init__(self, log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, log_dir: Path, nodes: int = 2, num_cpus: int = 1):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.driver_env = {**CLUSTER_ENV, "RAY_ADDRESS": self.address, "VLLM_HOST_IP": "127.0.0.1"}
         # Short: Ray's unix sockets live under it (107 bytes at most).
         self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
-        env = env or {}
         self.head = RayNode(
             "127.0.0.1",
             log_dir / "ray-head.log",
             ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", str(self.temp_dir)],
-            env,
+            num_cpus,
         )
         self.other = RayNode(
-            "127.0.0.2", log_dir / "ray-node1.log", ["--address", self.address, "--temp-dir", str(self.temp_dir)], env
+            "127.0.0.2",
+            log_dir / "ray-node1.log",
+            ["--address", self.address, "--temp-dir", str(self.temp_dir)],
+            num_cpus,
         )
+        self.nodes = [self.head, self.other][:nodes]
 
     def _alive_nodes(self) -> int:
         """Nodes the cluster counts alive, asked by a driver of its own (a
@@ -117,29 +122,29 @@ class TwoNodeRayCluster:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=60, env=env)
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 
-    def start(self) -> TwoNodeRayCluster:
+    def start(self) -> LocalRayCluster:
         self.head.start()
-        time.sleep(2)
-        self.other.start()
+        for node in self.nodes[1:]:
+            time.sleep(2)
+            node.start()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while self._alive_nodes() < 2:
-            for node in (self.head, self.other):
+        while self._alive_nodes() < len(self.nodes):
+            for node in self.nodes:
                 if node.proc.poll() is not None:
                     raise RuntimeError(f"a Ray node exited with {node.proc.returncode}:\n{node.log_tail()}")
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"two Ray nodes not alive after {JOIN_TIMEOUT_S} s:\n{self.head.log_tail()}\n{self.other.log_tail()}"
-                )
+                logs = "\n".join(node.log_tail() for node in self.nodes)
+                raise TimeoutError(f"{len(self.nodes)} Ray nodes not alive after {JOIN_TIMEOUT_S} s:\n{logs}")
             time.sleep(1)
         return self
 
     def stop(self) -> list[psutil.Process]:
-        """Both nodes stopped (the other one first); what outlived its SIGTERM."""
-        survivors = self.other.stop() + self.head.stop()
+        """Every node stopped (the head last); what outlived its SIGTERM."""
+        survivors = [p for node in reversed(self.nodes) for p in node.stop()]
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return survivors
 
-    def __enter__(self) -> TwoNodeRayCluster:
+    def __enter__(self) -> LocalRayCluster:
         try:
             return self.start()
         except BaseException:
