@@ -69,7 +69,7 @@ def _families():
     return [pytest.param(f, marks=() if f in PER_COMMIT else pytest.mark.extended) for f in FAMILIES]
 
 
-# Where an fp8 cache goes through the torch path (CPUs without AVX-512),
+# On CPUs without AVX-512 (where an fp8 cache leaves the base's kernels),
 # gpt-oss runs in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, on
 # CPU since patch 0032). Without it, pairs generated with seeds 1 and 2 gave
 # DFlash output that parted from target-only decoding in one prompt of ten,
@@ -96,7 +96,7 @@ def family(request):
     with pytest.MonkeyPatch.context() as env:
         if request.param in BATCH_INVARIANT_ON_TORCH_FP8_PATH and uses_torch_fp8_kv("fp8"):
             env.setenv("VLLM_BATCH_INVARIANT", "1")
-            print(f"\n[e2e] {request.param} on the torch fp8 KV path: VLLM_BATCH_INVARIANT=1")
+            print(f"\n[e2e] {request.param} without AVX-512 kernels: VLLM_BATCH_INVARIANT=1")
         yield request.param
 
 

@@ -33,7 +33,7 @@ if os.environ.get(NO_AVX512_ENV) == "1":
 # the patches with a guard marked needs_patch(..., no_avx512_pass=True)
 # (necessity_plugin.proof_marks).
 NO_AVX512_PASS_FILES = (
-    "kernels/test_cpu_torch_fp8_kv.py",
+    "kernels/test_cpu_fp8_kv_without_avx512.py",
     "kernels/test_cpu_noncausal_attention.py",
     # Without the compiled grouped GEMM (the AVX2 kernel library lacks it)
     # MoE layers take the torch path.

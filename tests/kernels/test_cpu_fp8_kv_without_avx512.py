@@ -1,14 +1,16 @@
-"""fp8 KV cache on CPUs without AVX-512: the torch path (patch 0012).
+"""fp8 KV cache on CPUs without AVX-512: the AVX2 kernel (patch 0034) and
+the torch path (patch 0012).
 
 The base's fp8 cache write and read exist only in its AVX-512/AMX kernels.
 The fork routes ``ops.cpu_attn_reshape_and_cache`` and
-``ops.cpu_attention_with_kv_cache`` to ``cpu_attn_torch_fp8`` when the
+``ops.cpu_attention_with_kv_cache`` to ``cpu_attn_fp8_avx2`` (compiled on
+first use) or, where it does not build, to ``cpu_attn_torch_fp8`` when the
 loaded kernels lack fp8. These tests make the ISA probe report neither
-AVX-512 nor AMX (what an AVX2-only CPU reports), so they run the torch path
-on every machine, and check it through the public ``ops`` entry points
-against an fp32 reference over a paged cache full of loud stale K/V: causal
-(target) and non-causal (DFlash draft block) rows, GQA, k/v scales, sliding
-window, soft-capping, sinks and ALiBi.
+AVX-512 nor AMX (what an AVX2-only CPU reports), run every check on each of
+the two paths (``[avx2]``, ``[torch]``), and check them through the public
+``ops`` entry points against a float64 reference over a paged cache full of
+loud stale K/V: causal (target) and non-causal (DFlash draft block) rows,
+GQA, k/v scales, sliding window, soft-capping, sinks and ALiBi.
 """
 
 from __future__ import annotations
@@ -39,6 +41,25 @@ def no_fp8_kernels(monkeypatch):
     """The CPU reports neither AVX-512 nor AMX, as an AVX2-only host does."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+
+
+@pytest.fixture(params=["avx2", "torch"])
+def fp8_path(request, monkeypatch):
+    """Which path serves fp8 caches here: the AVX2 kernel, or torch."""
+    try:
+        from vllm.v1.attention.backends import cpu_attn_fp8_avx2
+    except ImportError:  # a build without the kernel: the torch path only
+        if request.param == "avx2":
+            pytest.skip("this build has no AVX2 fp8 kernel")
+        return request.param
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_attn_fp8_avx2, "kernels", lambda: None)
+    else:
+        try:
+            cpu_attn_fp8_avx2.build()
+        except cpu_attn_fp8_avx2.BuildError as exc:
+            pytest.skip(f"the AVX2 fp8 kernel does not build here: {exc}")
+    return request.param
 
 
 def _stored(x: torch.Tensor, kv_dtype: str, scale: float) -> torch.Tensor:
@@ -184,11 +205,11 @@ def _err(case, causal, **kw):
 @pytest.mark.parametrize("kv_dtype", list(FP8))
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_torch_fp8_path_matches_reference(kv_dtype, causal, dtype):
+def test_fp8_read_matches_reference(kv_dtype, causal, dtype, fp8_path):
     case = Case(kv_dtype, dtype=dtype, k_scale=0.5, v_scale=2.0)
     err = _err(case, causal)
-    print(f"\n[kernel] torch fp8 kv={kv_dtype} causal={causal} {dtype}: max rel err {err:.2e}")
-    assert err < TOLERANCE[dtype], f"torch fp8 path differs from the reference ({err:.3f})"
+    print(f"\n[kernel] {fp8_path} fp8 kv={kv_dtype} causal={causal} {dtype}: max rel err {err:.2e}")
+    assert err < TOLERANCE[dtype], f"the {fp8_path} fp8 path differs from the reference ({err:.3f})"
 
 
 @pytest.mark.parametrize(
@@ -201,7 +222,7 @@ def test_torch_fp8_path_matches_reference(kv_dtype, causal, dtype):
     ],
     ids=["sliding_window", "softcap", "sinks", "alibi"],
 )
-def test_torch_fp8_path_attention_features(feature):
+def test_fp8_read_attention_features(feature, fp8_path):
     case = Case("fp8", dtype=torch.float32)
     assert _err(case, True, **feature) < TOLERANCE[torch.float32]
 
@@ -212,7 +233,7 @@ def test_fp8_isa_is_not_refused_without_avx512_or_amx():
     assert cpu_attn._get_attn_isa(torch.bfloat16, 128, 64, "fp8") in ("vec", "vec16", "neon", "vxe", "vsx")
 
 
-def test_cache_holds_fp8_bytes_of_value_over_scale():
+def test_cache_holds_fp8_bytes_of_value_over_scale(fp8_path):
     """The cache layout the torch path owns: byte-exact fp8 of x / scale at
     [block, head, slot % block_size]."""
     case = Case("fp8_e5m2", dtype=torch.float32, k_scale=0.25)
@@ -273,7 +294,7 @@ def test_no_avx512_mode_reaches_child_processes():
 
 
 @pytest.mark.needs_patch("0012", no_avx512_pass=True)
-def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
+def test_a_verified_token_is_computed_as_the_same_token_decoded_alone(fp8_path):
     """Speculative decoding is lossless only if the target computes a token
     verified among k + 1 positions exactly as it computes that token decoded
     alone: a last-bit difference, rounded into the fp8 cache with the next
@@ -306,7 +327,7 @@ def test_a_verified_token_is_computed_as_the_same_token_decoded_alone():
         pytest.param(450, id="two-chunks"),
     ],
 )
-def test_in_batch_invariant_mode_a_prompt_computed_in_chunks_is_computed_as_whole(monkeypatch, cut):
+def test_in_batch_invariant_mode_a_prompt_computed_in_chunks_is_computed_as_whole(monkeypatch, cut, fp8_path):
     """With ``VLLM_BATCH_INVARIANT=1`` a request's output must not depend on
     how the scheduler cut its prompt: whole, in chunks beside other requests,
     or after a prefix-cache hit. Rows of a long prefill chunk are then
