@@ -1,31 +1,32 @@
-"""CPU attention over a paged KV cache: the fork's torch fp8 path (patch 0012)
-next to the compiled kernels, in one run on one machine.
+"""CPU attention over a paged KV cache: the fork's fp8 paths for CPUs without
+AVX-512 (the AVX2 kernel of patch 0034, the torch path of patch 0012) next to
+the compiled base kernels, in one run on one machine.
 
-    python benchmarks/bench_cpu_fp8_kv.py [--json FILE]
+    python benchmarks/bench_cpu_fp8_kv.py [--context N ...] [--threads N ...] [--json FILE]
 
 Times, per configuration, the cache write (``cpu_attn_reshape_and_cache``)
 and the attention read (``cpu_attention_with_kv_cache``) for a DFlash-like
 batch (verification rows of a few tokens over long contexts, causal, and the
 same rows non-causal as the drafter reads them):
 
-- ``kernel auto``: the compiled kernel with a bf16 cache (every CPU);
-- ``kernel fp8``:  the compiled kernel with an fp8 cache (AVX-512/AMX only);
-- ``torch fp8``:   the torch path that CPUs without AVX-512 take;
-- ``torch fp8, element-wise convert``: the same path reading the cache
-  through torch's element-wise fp8 conversion, as it did before it moved
-  the bits itself (``torch fp8 / torch fp8, element-wise convert``: that
-  change's gain).
+- ``kernel auto``: the base's compiled kernel with a bf16 cache (every CPU);
+- ``kernel fp8``:  the base's compiled kernel with an fp8 cache (AVX-512/AMX only);
+- ``avx2 fp8``:    the AVX2 kernel CPUs without AVX-512 take (built here on
+  first use; left out where it does not build);
+- ``torch fp8``:   the torch path, which served those CPUs before it (and
+  still does where the kernel does not build).
 
-and prints the ratios ``torch fp8 / kernel fp8`` (the cost of the AVX2 path
-against the AVX-512 path on the same machine, where it has AVX-512) and
-``torch fp8 / kernel auto``. Median of repeated runs; numbers are this
-machine's, not a threshold. ``--context`` and ``--threads`` take several
-values: one run each, side by side in one report.
+and prints the ratios ``avx2 fp8 / kernel auto`` (an fp8 cache against a bf16
+one on a CPU without AVX-512), ``avx2 fp8 / torch fp8`` (the kernel's gain),
+``torch fp8 / kernel auto`` and, where it exists, ``avx2 fp8 / kernel fp8``.
+Median of repeated runs; numbers are this machine's, not a threshold.
+``--context`` and ``--threads`` take several values: one run each, side by
+side in one report.
 
 To time an AVX2-only CPU's code on a machine with AVX-512, run it with
 ``VLLM_FORK_TEST_NO_AVX512=1 PYTHONPATH=tests/support/no_avx512
 ATEN_CPU_CAPABILITY=avx2`` (vLLM loads ``_C_AVX2``; torch
-uses its AVX2 code).
+uses its AVX2 code; the AVX2 kernel is AVX2 code everywhere).
 
 """
 
@@ -49,13 +50,6 @@ def _kernel_isa(dtype, block_size, head_size, kv_dtype) -> str:
     return _get_attn_isa(dtype, block_size, head_size, kv_dtype)
 
 
-ELEMENTWISE = "torch fp8, element-wise convert"
-
-
-def _elementwise_dequantize(raw: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
-    return raw.view(fp8).float().mul_(scale)
-
-
 def _median_s(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -68,6 +62,7 @@ def _median_s(fn, repeats: int) -> float:
 
 def bench(args) -> dict:
     from vllm.platforms import current_platform  # loads the kernel library this CPU runs
+    from vllm.v1.attention.backends import cpu_attn_fp8_avx2 as avx2_fp8
     from vllm.v1.attention.backends import cpu_attn_torch_fp8 as torch_fp8
 
     assert current_platform.is_cpu(), "a CPU build of the fork is needed"
@@ -96,15 +91,14 @@ def bench(args) -> dict:
     configs = [("kernel auto", "auto", "kernel")]
     if kernels_fp8:
         configs.append(("kernel fp8", "fp8", "kernel"))
+    try:
+        avx2_fp8.build()
+        configs.append(("avx2 fp8", "fp8", "avx2"))
+    except avx2_fp8.BuildError as exc:
+        print(f"avx2 fp8: left out, the kernel does not build here ({exc})")
     configs.append(("torch fp8", "fp8", "torch"))
-    # The same path reading the cache through torch's element-wise fp8
-    # conversion, as it did before it moved the bits itself: before/after
-    # of that change in this one run.
-    configs.append((ELEMENTWISE, "fp8", "torch"))
     results: dict[str, dict] = {}
-    fast_dequantize = torch_fp8.dequantize
     for name, kv_dtype, path in configs:
-        torch_fp8.dequantize = _elementwise_dequantize if name == ELEMENTWISE else fast_dequantize
         isa = _kernel_isa(dtype, bs, hd, kv_dtype)
         cache_dtype = dtype if kv_dtype == "auto" else torch.uint8
         cache = torch.zeros(2, num_blocks, kv_heads, bs, hd, dtype=cache_dtype)
@@ -113,18 +107,21 @@ def bench(args) -> dict:
         def write(k, v, s):
             if path == "torch":
                 torch_fp8.reshape_and_cache(k, v, key_cache, value_cache, s, 1.0, 1.0, kv_dtype)
+            elif path == "avx2":
+                assert avx2_fp8.reshape_and_cache(k, v, key_cache, value_cache, s, 1.0, 1.0, kv_dtype)
             else:
                 torch.ops._C.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, s, isa, 1.0, 1.0, kv_dtype)
 
         write(k_all, v_all, slots)
-        row = {"isa": isa if path == "kernel" else "torch"}
+        row = {"isa": isa if path == "kernel" else path}
         row["write_s"] = _median_s(lambda: write(new_k, new_v, new_slots), args.repeats)
         for causal in (True, False):
             out = torch.empty_like(query)
-            if path == "torch":
+            if path in ("torch", "avx2"):
+                fp8_path = torch_fp8 if path == "torch" else avx2_fp8
 
                 def read():
-                    torch_fp8.attention_with_kv_cache(
+                    fp8_path.attention_with_kv_cache(
                         query,
                         key_cache,
                         value_cache,
@@ -177,12 +174,17 @@ def bench(args) -> dict:
             f"non-causal read {row['noncausal_read_s'] * 1e3:8.3f} ms"
         )
 
-    torch_fp8.dequantize = fast_dequantize
     ratios = {}
-    for base in ("kernel fp8", "kernel auto", ELEMENTWISE):
-        if base in results:
-            ratios[f"torch fp8 / {base}"] = {
-                k: round(results["torch fp8"][k] / results[base][k], 2)
+    for path, base in (
+        ("avx2 fp8", "kernel auto"),
+        ("avx2 fp8", "torch fp8"),
+        ("avx2 fp8", "kernel fp8"),
+        ("torch fp8", "kernel auto"),
+        ("torch fp8", "kernel fp8"),
+    ):
+        if path in results and base in results:
+            ratios[f"{path} / {base}"] = {
+                k: round(results[path][k] / results[base][k], 3)
                 for k in ("write_s", "causal_read_s", "noncausal_read_s")
             }
     for k, v in ratios.items():

@@ -416,6 +416,14 @@ def main(argv=None) -> int:
         help="acceptance of the generated tiny pair (default full)",
     )
     p.add_argument(
+        "--pair-attention",
+        default=(4, 2, 64),
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        metavar="HEADS,KV_HEADS,HEAD_DIM",
+        help="the generated pair's attention sizes (default 4,2,64; 32,8,128 is Qwen3-8B's, "
+        "for runs where attention should be what a decode step spends its time on)",
+    )
+    p.add_argument(
         "--configs",
         default=",".join(config_label(*c) for c in CONFIGS),
         help="subset of nospec-auto,nospec-fp8,dflash-auto,dflash-fp8",
@@ -495,9 +503,10 @@ def main(argv=None) -> int:
         if args.target:
             target, draft = args.target, args.draft
         else:
-            from vllm.fork.tiny_pairs import generate_pair
+            from vllm.fork.tiny_pairs import attention_shape, generate_pair
 
-            target, draft = generate_pair(Path(tmp) / "pair", args.pair, seed=0)
+            with attention_shape(*args.pair_attention):
+                target, draft = generate_pair(Path(tmp) / "pair", args.pair, seed=0)
         results: dict = {}
         json_path = args.out / "bench_dflash_fp8.json"
         for spec, kv, draft_kv in configs:

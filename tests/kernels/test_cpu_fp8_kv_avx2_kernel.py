@@ -111,6 +111,62 @@ def test_cpus_without_avx512_send_fp8_caches_to_the_avx2_kernel(avx2, monkeypatc
     assert out.isfinite().all()
 
 
+@pytest.mark.needs_patch("0034", no_avx512_pass=True)
+def test_the_drafters_noncausal_attention_takes_the_avx2_kernel(avx2, monkeypatch):
+    """A DFlash drafter's block attends non-causally through the backend's own
+    entry point (cpu_noncausal_attn), not through ops: found by the
+    end-to-end benchmark, where its torch path made an fp8 cache decode 1.4
+    times slower than a bf16 one."""
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends import cpu_attn_torch_fp8
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+    from vllm.v1.attention.backends.cpu_noncausal_attn import cpu_noncausal_attention_with_kv_cache
+
+    def torch_path(*args, **kwargs):
+        raise AssertionError("the drafter's fp8 cache took the torch path although the AVX2 kernel builds here")
+
+    monkeypatch.setattr(cpu_attn_torch_fp8, "attention_with_kv_cache", torch_path)
+    cache = PagedCache([40])
+    impl = CPUAttentionBackendImpl(
+        num_heads=4, head_size=64, scale=0.125, num_kv_heads=2, alibi_slopes=None,
+        sliding_window=None, kv_cache_dtype="fp8",
+    )  # fmt: skip
+    layer = SimpleNamespace(_k_scale_float=0.5, _v_scale_float=2.0)
+    metadata = SimpleNamespace(
+        query_start_loc=torch.tensor([0, 4], dtype=torch.int32),
+        seq_lens=torch.tensor([40], dtype=torch.int32),
+        block_table=cache.block_table,
+    )
+    query = torch.randn(4, 4, 64)
+    out = torch.full_like(query, float("nan"))
+    cpu_noncausal_attention_with_kv_cache(impl, layer, query, cache.cache[0], cache.cache[1], out, metadata)
+    assert torch.equal(out, cache.attend(query, [4], [40], causal=False))
+
+
+def test_cpus_with_avx512_keep_the_base_kernels_for_fp8(monkeypatch):
+    """Where the base's kernels hold an fp8 cache (AVX-512 or AMX), they keep
+    serving it: neither fork path is reached."""
+    from vllm.v1.attention.backends import cpu_attn_fp8_avx2, cpu_attn_torch_fp8
+
+    if not cpu_attn_torch_fp8.kernels_support_fp8_kv():
+        pytest.skip("this CPU (as vLLM sees it) has neither AVX-512 nor AMX")
+
+    def fork_path(*args, **kwargs):
+        raise AssertionError("an fp8 cache left the base's kernels on a CPU with AVX-512")
+
+    for module in (cpu_attn_fp8_avx2, cpu_attn_torch_fp8):
+        monkeypatch.setattr(module, "reshape_and_cache", fork_path)
+        monkeypatch.setattr(module, "attention_with_kv_cache", fork_path)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    cache = torch.zeros(2, 2, 2, 128, 64, dtype=torch.uint8)
+    key = torch.randn(4, 2, 64, dtype=torch.bfloat16)
+    isa = _get_attn_isa(torch.bfloat16, 128, 64, "fp8")
+    ops.cpu_attn_reshape_and_cache(key, key, *cache.unbind(0), torch.arange(4) + 128, isa, kv_cache_dtype="fp8")
+    assert cache[0, 1, :, :4].any()
+
+
 def _awkward_floats() -> torch.Tensor:
     """Values at every fp8 scale: subnormals, rounding ties, the largest
     finite values and past them, infinities, NaN and zeros of both signs."""

@@ -72,6 +72,17 @@ def pytest_configure(config):
     )
 
 
+def _fp8_path_without_avx512() -> str:
+    try:
+        from vllm.v1.attention.backends import cpu_attn_fp8_avx2
+    except ImportError:
+        return "torch (cpu_attn_torch_fp8)"
+    try:
+        return f"AVX2 kernel (cpu_attn_fp8_avx2: {cpu_attn_fp8_avx2.build()})"
+    except cpu_attn_fp8_avx2.BuildError as exc:
+        return f"torch (cpu_attn_torch_fp8; the AVX2 kernel does not build here: {exc})"
+
+
 def pytest_report_header(config):
     try:
         import torch
@@ -80,7 +91,7 @@ def pytest_report_header(config):
 
     flags = {name: getattr(torch.cpu, f"_is_{name}_supported")() for name in ("avx2", "avx512", "amx_tile")}
     forced = f" (forced: {NO_AVX512_ENV}=1)" if os.environ.get(NO_AVX512_ENV) == "1" else ""
-    fp8_path = "compiled kernels" if flags["avx512"] or flags["amx_tile"] else "torch (cpu_attn_torch_fp8)"
+    fp8_path = "the base's compiled kernels" if flags["avx512"] or flags["amx_tile"] else _fp8_path_without_avx512()
     cpu = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
     return f"CPU as vLLM sees it: {cpu}{forced}; fp8 KV cache path: {fp8_path}"
 

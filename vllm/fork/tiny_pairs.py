@@ -77,6 +77,7 @@ per-layer KV-cache scales ``layers.N.self_attn.{k,v}_proj.{k,v}_scale``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -409,6 +410,26 @@ def _train_draft(
         },
     }
     return trained, record
+
+
+@contextlib.contextmanager
+def attention_shape(num_heads: int, num_kv_heads: int, head_dim: int):
+    """Pairs generated inside this block have attention layers of these sizes
+    (every other size unchanged): a benchmark can give the tiny pair a real
+    model's attention, say Qwen3-8B's 32 query and 8 KV heads of 128, so that
+    attention is what a decode step spends its time on."""
+    global NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
+    if num_heads % num_kv_heads or head_dim % 32:
+        raise ValueError(
+            f"attention_shape: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+            f"({num_kv_heads}) and head_dim ({head_dim}) of 32 (the CPU attention kernels' unit)"
+        )
+    saved = NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
+    NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = num_heads, num_kv_heads, head_dim
+    try:
+        yield
+    finally:
+        NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = saved
 
 
 def generate_pair(
