@@ -31,3 +31,15 @@ def test_shared_files_are_links_and_changed_files_are_new(tmp_path):
     assert not os.path.samefile(
         next((got / "pkg" / "__pycache__").glob("b.*.pyc")), next((tree / "pkg" / "__pycache__").glob("b.*.pyc"))
     )
+
+
+def test_a_non_python_file_beside_a_module_of_its_name_links_no_compiled_file(tmp_path):
+    """A module's C source (``kernel.c`` beside ``kernel.py``) shares the
+    module's stem: its compiled file is linked once, for the module."""
+    files = {"pkg/kernel.py": "K = 1\n", "pkg/kernel.c": "int k;\n"}
+    full = _wheel(tmp_path / "full.whl", files)
+    other = _wheel(tmp_path / "other.whl", files)
+    tree = unpacked_builds.unpack_compiled(full, tmp_path / "full")
+    got = unpacked_builds.unpack_next_to(other, full, tree, tmp_path / "other")
+    assert [p.name.split(".")[0] for p in (got / "pkg" / "__pycache__").iterdir()] == ["kernel"]
+    assert (got / "pkg" / "kernel.c").read_text() == "int k;\n"

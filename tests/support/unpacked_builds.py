@@ -35,7 +35,11 @@ def unpack_compiled(wheel: Path, dest: Path) -> Path:
 
 
 def _compiled_of(source: Path) -> list[Path]:
+    """The compiled files of a Python source; none for other files (a C
+    source beside a module of the same name shares its stem, not its .pyc)."""
     cache = source.parent / "__pycache__"
+    if source.suffix != ".py":
+        return []
     return sorted(cache.glob(source.stem + ".*.pyc")) if cache.is_dir() else []
 
 
